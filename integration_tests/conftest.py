@@ -1,0 +1,73 @@
+"""Harness of the proof suite.
+
+Every test is marked ``@pytest.mark.fix("<fix id>")`` (ids in
+``matrix.toml``). The runner starts one pytest process per cell and variant
+with ``PROOF_FIX`` set; only that fix's tests are collected. Outside the
+runner (a developer running pytest by hand) every test runs on the topology of
+``PROOF_TOPOLOGY`` (default ``1``) with whichever keras is importable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from integration_tests import topologies
+
+
+def pytest_configure(config):
+    # Before any backend op: TensorFlow logical devices are fixed at start.
+    topologies.current()
+    import keras
+
+    expected_dir = os.environ.get("PROOF_KERAS_DIR")
+    if expected_dir:
+        where = Path(keras.__file__).resolve()
+        if Path(expected_dir).resolve() not in where.parents:
+            raise pytest.UsageError(
+                f"keras imported from {where}, expected under {expected_dir}"
+            )
+    expected_version = os.environ.get("PROOF_KERAS_VERSION")
+    if expected_version and keras.__version__ != expected_version:
+        raise pytest.UsageError(
+            f"keras {keras.__version__} imported, expected {expected_version}"
+        )
+
+
+def _fix_of(item) -> str | None:
+    marker = item.get_closest_marker("fix")
+    return marker.args[0] if marker and marker.args else None
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = [i.nodeid for i in items if _fix_of(i) is None]
+    if unmarked:
+        raise pytest.UsageError(
+            f"proof tests must be marked @pytest.mark.fix(...): {unmarked}"
+        )
+    wanted = os.environ.get("PROOF_FIX")
+    if not wanted:
+        return
+    keep = [i for i in items if _fix_of(i) == wanted]
+    config.hook.pytest_deselected(
+        items=[i for i in items if _fix_of(i) != wanted]
+    )
+    items[:] = keep
+
+
+@pytest.fixture
+def topology():
+    """The ``topologies.Topology`` of this process."""
+    return topologies.current()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state(request, record_property):
+    import keras
+
+    record_property("fix", _fix_of(request.node))
+    keras.backend.clear_session()
+    yield
+    keras.backend.clear_session()

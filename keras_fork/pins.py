@@ -1,0 +1,144 @@
+"""Upstream pins: which Keras releases the fork is based on, and where things live.
+
+The pins are data (``keras_fork/bases.toml``); nothing in the code names a
+version, so a new base is a new table there plus ``patches/<version>/.patches``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+from keras_fork.errors import ForkError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where the recipe reads its inputs and writes its outputs.
+
+    Everything but ``pins`` and ``patches`` is generated and git-ignored.
+    Tests build a Layout in a temporary folder to exercise the tooling on a
+    small fake upstream.
+    """
+
+    pins: Path
+    patches: Path
+    cache: Path
+    build: Path
+    dist: Path
+
+    @classmethod
+    def default(cls, root: Path = REPO_ROOT) -> "Layout":
+        return cls(
+            pins=root / "keras_fork" / "bases.toml",
+            patches=root / "patches",
+            cache=root / ".cache" / "sdist",
+            build=root / "build",
+            dist=root / "dist",
+        )
+
+    def tree(self, version: str) -> Path:
+        """The materialized (pristine + series) git tree of a base."""
+        return self.build / "trees" / version
+
+    def variant(self, version: str, variant: str) -> Path:
+        """The ``pip install --target`` folder of ``stock`` or ``fork`` keras."""
+        return self.build / "variants" / version / variant
+
+
+@dataclasses.dataclass(frozen=True)
+class Base:
+    """One pinned upstream release.
+
+    Attributes:
+        version: the PyPI version of ``keras``, e.g. ``"3.15.1"``.
+        sdist_sha256: 64 lowercase hex digits, the sha256 of
+            ``keras-<version>.tar.gz`` as published on PyPI.
+        fork_build: N of the PEP 440 local label ``+fork.N`` (PEP 440,
+            "Local version identifiers"), >= 1.
+        test_overlay: requirement pins that replace those of
+            ``constraints.txt`` when testing this base (e.g. an older jax).
+    """
+
+    version: str
+    sdist_sha256: str
+    fork_build: int
+    test_overlay: tuple[str, ...] = ()
+
+    @property
+    def fork_version(self) -> str:
+        """The fork's version, e.g. ``3.15.1+fork.1``; ``keras==3.15.1``
+        accepts it."""
+        return f"{self.version}+fork.{self.fork_build}"
+
+    @property
+    def sdist_name(self) -> str:
+        return f"keras-{self.version}.tar.gz"
+
+    @property
+    def wheel_name(self) -> str:
+        return f"keras-{self.fork_version}-py3-none-any.whl"
+
+
+def load_bases(layout: Layout) -> dict[str, Base]:
+    """Reads every base from the pins file.
+
+    Returns:
+        ``{version: Base}`` in file order.
+
+    Raises:
+        ForkError: the file is missing, is not TOML, or a table lacks a valid
+            ``sdist_sha256`` / ``fork_build``.
+    """
+    try:
+        data = tomllib.loads(layout.pins.read_text())
+    except FileNotFoundError:
+        raise ForkError(f"pins file not found: {layout.pins}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ForkError(f"pins file {layout.pins} is not valid TOML: {e}")
+    bases = {}
+    for version, table in data.items():
+        sha = str(table.get("sdist_sha256", ""))
+        build = table.get("fork_build")
+        if not _SHA256.match(sha):
+            raise ForkError(
+                f"{layout.pins}: base {version}: sdist_sha256 must be 64 "
+                f"lowercase hex digits, got {sha!r}"
+            )
+        if not isinstance(build, int) or build < 1:
+            raise ForkError(
+                f"{layout.pins}: base {version}: fork_build must be an "
+                f"integer >= 1, got {build!r}"
+            )
+        overlay = tuple(table.get("test_overlay", ()))
+        bases[version] = Base(version, sha, build, overlay)
+    if not bases:
+        raise ForkError(f"pins file {layout.pins} declares no base")
+    return bases
+
+
+def get_base(layout: Layout, version: str) -> Base:
+    """Returns the pinned base ``version``.
+
+    Raises:
+        ForkError: ``version`` is not pinned; the message lists known bases.
+    """
+    bases = load_bases(layout)
+    if version not in bases:
+        raise ForkError(
+            f"unknown base version {version!r}; known bases: "
+            f"{', '.join(bases)} (pinned in {layout.pins})"
+        )
+    return bases[version]
+
+
+def select_bases(layout: Layout, versions: list[str] | None) -> list[Base]:
+    """The bases named in ``versions`` (all pinned bases when empty)."""
+    if not versions:
+        return list(load_bases(layout).values())
+    return [get_base(layout, v) for v in versions]

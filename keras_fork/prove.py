@@ -1,0 +1,484 @@
+"""The proof matrix: stock vs fork, per base x fix x backend x topology.
+
+Each cell runs the fix's integration tests (``integration_tests/``, marked
+``@pytest.mark.fix(id)``) twice, in two fresh processes that differ only in
+which keras is first on ``PYTHONPATH``:
+
+* ``stock``: the pristine sdist, ``pip install --no-deps --target``
+  ``build/variants/<V>/stock``;
+* ``fork``: the fork wheel, installed the same way into ``.../fork``.
+
+Verdicts (the contract of ``dist/proof.json``):
+
+* ``proven``: stock fails, fork passes;
+* ``guard``: passes on both where the matrix says ``guard``;
+* ``vacuous``: a cell the matrix says must be ``proven`` passes on stock;
+* ``broken``: the fork fails (or a run could not execute at all);
+* ``n/a``: not run, with the reason from the matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from keras_fork import pins
+from keras_fork import sdist as sdist_lib
+from keras_fork.errors import ForkError
+
+MATRIX = pins.REPO_ROOT / "integration_tests" / "matrix.toml"
+VARIANTS = ("stock", "fork")
+EXPECTS = ("proven", "guard")
+README_BEGIN = "<!-- proof-table:begin -->"
+README_END = "<!-- proof-table:end -->"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One row of the matrix (both variants run in it)."""
+
+    base: str
+    fix: str
+    issue: str
+    backend: str
+    topology: str
+    expect: str  # "proven", "guard" or "n/a"
+    reason: str = ""
+
+    @property
+    def key(self) -> tuple:
+        return (self.base, self.fix, self.backend, self.topology)
+
+    @property
+    def slug(self) -> str:
+        return f"{self.base}-{self.fix}-{self.backend}-{self.topology}"
+
+
+def load_matrix(path: Path = MATRIX) -> list[Cell]:
+    """Reads ``matrix.toml`` into cells.
+
+    Raises:
+        ForkError: an unknown backend/topology or an invalid expectation.
+    """
+    sys.path.insert(0, str(pins.REPO_ROOT))
+    from integration_tests import topologies
+
+    data = tomllib.loads(path.read_text())
+    cells = []
+    for fix, spec in data.get("fixes", {}).items():
+        for where, expect in spec.get("cells", {}).items():
+            backend, _, topology = where.partition("/")
+            reason = ""
+            if expect.startswith("n/a"):
+                expect, reason = "n/a", expect.partition(":")[2].strip()
+                if not reason:
+                    raise ForkError(f"{path}: {fix} {where}: n/a needs a reason")
+            elif expect not in EXPECTS:
+                raise ForkError(
+                    f"{path}: {fix} {where}: expectation {expect!r} is not "
+                    f"one of {EXPECTS} or 'n/a: <reason>'"
+                )
+            elif not topologies.known(backend, topology):
+                raise ForkError(
+                    f"{path}: {fix}: unknown cell {where}; known: "
+                    f"{sorted('/'.join(k) for k in topologies.TOPOLOGIES)}"
+                )
+            for base in spec["bases"]:
+                cells.append(
+                    Cell(base, fix, spec.get("issue", ""), backend, topology,
+                         expect, reason)
+                )  # fmt: skip
+    return cells
+
+
+def select(cells: list[Cell], args) -> list[Cell]:
+    """Cells matching every given filter (each filter: a list or None)."""
+
+    def ok(value, wanted):
+        return not wanted or value in wanted
+
+    chosen = [
+        c
+        for c in cells
+        if ok(c.base, args.base)
+        and ok(c.fix, args.fix)
+        and ok(c.backend, args.backend)
+        and ok(c.topology, args.topology)
+    ]
+    if not chosen:
+        raise ForkError("no matrix cell matches the filters")
+    return chosen
+
+
+def verdict(expect: str, stock: str | None, fork: str | None) -> str:
+    """The cell verdict from the two variant outcomes.
+
+    Args:
+        expect: ``proven``, ``guard`` or ``n/a``.
+        stock, fork: ``pass``, ``fail``, ``error`` or None (not run).
+    """
+    if expect == "n/a":
+        return "n/a"
+    if fork in ("fail", "error"):
+        return "broken"
+    if fork is None or stock is None:
+        return "n/a"
+    if stock == "error":
+        return "broken"
+    if stock == "fail":
+        return "proven"
+    return "guard" if expect == "guard" else "vacuous"
+
+
+def detect_accelerator() -> str:
+    """``gpu`` when ``nvidia-smi -L`` lists a GPU, else ``cpu``."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return "cpu"
+    out = subprocess.run([exe, "-L"], capture_output=True, text=True)
+    return "gpu" if out.returncode == 0 and "GPU" in out.stdout else "cpu"
+
+
+def install_variants(layout: pins.Layout, base: pins.Base) -> dict[str, Path]:
+    """(Re)installs ``stock`` and ``fork`` keras of ``base`` side by side.
+
+    Stock comes from the verified sdist, fork from the built wheel, both with
+    ``pip install --no-deps --target`` so they share every other dependency.
+
+    Raises:
+        ForkError: the fork wheel is missing (run ``scripts/build``).
+    """
+    whl = layout.dist / base.wheel_name
+    if not whl.is_file():
+        raise ForkError(f"{whl} not found: run scripts/build first")
+    sources = {
+        "stock": sdist_lib.fetch(layout, base),
+        "fork": whl,
+    }
+    out = {}
+    for variant, source in sources.items():
+        dest = layout.variant(base.version, variant)
+        stamp = dest / ".source-sha256"
+        digest = sdist_lib.sha256_of(source)
+        if stamp.is_file() and stamp.read_text() == digest:
+            out[variant] = dest
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{variant}."))
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                 "--no-build-isolation", "--disable-pip-version-check",
+                 "--target", str(tmp), str(source)],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                raise ForkError(
+                    f"installing {variant} keras {base.version} failed:\n"
+                    f"{proc.stderr[-2000:]}"
+                )
+            (tmp / ".source-sha256").write_text(digest)
+            if dest.exists():
+                shutil.rmtree(dest)
+            tmp.rename(dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        out[variant] = dest
+    return out
+
+
+def _junit_counts(path: Path) -> dict:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        return {}
+    return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors",
+                                                "skipped")}  # fmt: skip
+
+
+def _first_failure(path: Path) -> str:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return ""
+    for case in root.iter("testcase"):
+        for tag in ("failure", "error"):
+            node = case.find(tag)
+            if node is not None:
+                msg = (node.get("message") or "").splitlines()
+                return f"{case.get('name')}: {msg[0] if msg else tag}"[:300]
+    return ""
+
+
+def run_variant(
+    cell: Cell,
+    variant: str,
+    keras_dir: Path,
+    keras_version: str,
+    junit: Path,
+    accelerator: str,
+    timeout: float,
+) -> dict:
+    """Runs one variant of one cell in a fresh pytest process.
+
+    Returns:
+        ``{"outcome": "pass"|"fail"|"error", "detail": str,
+        "seconds": float, "junit": str, "counts": {...}}``. ``error`` means
+        the process could not run the tests (crash, collection error, no
+        test ran, or the ``timeout`` in seconds expired: the whole process
+        group is then killed).
+    """
+    sys.path.insert(0, str(pins.REPO_ROOT))
+    from integration_tests import topologies
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
+    env.pop("XLA_FLAGS", None)
+    env.update(topologies.env_for(cell.backend, cell.topology, accelerator))
+    env.update(
+        PYTHONPATH=str(keras_dir),
+        PROOF_FIX=cell.fix,
+        PROOF_BASE=cell.base,
+        PROOF_VARIANT=variant,
+        PROOF_KERAS_DIR=str(keras_dir),
+        PROOF_KERAS_VERSION=keras_version,
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    junit.unlink(missing_ok=True)
+    log = junit.with_suffix(".log")
+    cmd = [
+        sys.executable, "-m", "pytest", "integration_tests",
+        "-p", "no:cacheprovider", "-q", "-rfE",
+        f"--junitxml={junit}", "-o", "junit_family=xunit2",
+        f"--timeout={int(timeout)}",
+    ]  # fmt: skip
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=pins.REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+    seconds = round(time.monotonic() - start, 1)
+    counts = _junit_counts(junit)
+    ran = counts.get("tests", 0) - counts.get("skipped", 0)
+    if code is None:
+        outcome, detail = "error", f"timed out after {timeout + 60:.0f}s"
+    elif code == 0 and ran > 0:
+        outcome, detail = "pass", f"{ran} passed"
+    elif code == 1 and counts.get("failures", 0) + counts.get("errors", 0):
+        outcome, detail = "fail", _first_failure(junit)
+    else:
+        tail = log.read_text().strip().splitlines()[-3:]
+        outcome = "error"
+        detail = f"pytest exit {code}, {ran} test(s) ran: {' | '.join(tail)}"
+    return {
+        "outcome": outcome,
+        "detail": detail,
+        "seconds": seconds,
+        "junit": str(junit.relative_to(pins.REPO_ROOT))
+        if junit.is_relative_to(pins.REPO_ROOT)
+        else str(junit),
+        "counts": counts,
+    }
+
+
+def _load_previous(path: Path) -> dict:
+    try:
+        cells = json.loads(path.read_text())["cells"]
+    except (FileNotFoundError, KeyError, ValueError):
+        return {}
+    return {(c["base"], c["fix"], c["backend"], c["topology"]): c for c in cells}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def render_table(cells: list[dict]) -> str:
+    """The proof table as markdown (one row a cell)."""
+    lines = [
+        "| base | fix | backend | topology | stock | fork | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        verdict_text = c["verdict"]
+        if c["verdict"] == "n/a" and c.get("reason"):
+            verdict_text = f"n/a ({c['reason']})"
+        lines.append(
+            f"| {c['base']} | {c['fix']} | {c['backend']} | {c['topology']} "
+            f"| {c['stock'] or '-'} | {c['fork'] or '-'} | {verdict_text} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(readme: Path, table: str, device: str) -> None:
+    """Replaces the README's proof table (between the marker comments)."""
+    text = readme.read_text()
+    head, sep1, rest = text.partition(README_BEGIN)
+    _, sep2, tail = rest.partition(README_END)
+    if not (sep1 and sep2):
+        raise ForkError(f"{readme} lacks the {README_BEGIN} markers")
+    body = f"\n_Measured on {device}._\n\n{table}"
+    _write_atomic(readme, head + README_BEGIN + body + README_END + tail)
+
+
+def main(args, layout: pins.Layout) -> int:
+    """``scripts/prove``: runs the selected cells, writes dist/proof.*.
+
+    Returns:
+        0 when no selected cell is ``broken`` or ``vacuous``, else 1.
+    """
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True, highlight=False)
+    cells = select(load_matrix(), args)
+    variants = args.variant or list(VARIANTS)
+    accelerator = args.accelerator
+    if accelerator == "auto":
+        accelerator = detect_accelerator()
+    bases = {c.base: pins.get_base(layout, c.base) for c in cells}
+    installed = {
+        v: install_variants(layout, b) for v, b in bases.items()
+    }  # base -> {variant: dir}
+    proof_json = layout.dist / "proof.json"
+    previous = _load_previous(proof_json)
+    results = dict(previous)
+    todo = [c for c in cells if c.expect != "n/a"]
+    with Progress(console=console, transient=False) as progress:
+        task = progress.add_task("proof matrix", total=len(todo) * len(variants))
+        for cell in cells:
+            old = previous.get(cell.key, {})
+            row = {
+                "base": cell.base,
+                "fix": cell.fix,
+                "issue": cell.issue,
+                "backend": cell.backend,
+                "topology": cell.topology,
+                "expect": cell.expect,
+                "accelerator": accelerator,
+                "stock": None,
+                "fork": None,
+                "reason": cell.reason,
+                "runs": {},
+            }
+            if cell.expect != "n/a":
+                for variant in VARIANTS:
+                    if variant not in variants:
+                        # Keep the other variant's last result (if any).
+                        row[variant] = old.get(variant)
+                        if variant in old.get("runs", {}):
+                            row["runs"][variant] = old["runs"][variant]
+                        continue
+                    progress.update(
+                        task, description=f"{cell.slug} [{variant}]"
+                    )
+                    base = bases[cell.base]
+                    version = (
+                        base.fork_version if variant == "fork" else base.version
+                    )
+                    run = run_variant(
+                        cell,
+                        variant,
+                        installed[cell.base][variant],
+                        version,
+                        layout.dist / "proof" / "junit" / f"{cell.slug}-"
+                        f"{variant}.xml",
+                        accelerator,
+                        args.timeout,
+                    )
+                    row[variant] = run["outcome"]
+                    row["runs"][variant] = run
+                    progress.advance(task)
+                    style = "green" if run["outcome"] == "pass" else "red"
+                    console.print(
+                        f"{cell.slug} {variant}: [{style}]{run['outcome']}[/] "
+                        f"({run['seconds']}s) {run['detail']}"
+                    )
+            row["verdict"] = verdict(cell.expect, row["stock"], row["fork"])
+            if row["verdict"] == "n/a" and not row["reason"]:
+                row["reason"] = "a variant was not run"
+            results[cell.key] = row
+    known = {c.key for c in load_matrix()}
+    rows = [r for k, r in sorted(results.items()) if k in known]
+    _write_atomic(proof_json, json.dumps({"cells": rows}, indent=2) + "\n")
+    table = render_table(rows)
+    _write_atomic(layout.dist / "proof.md", "# Proof matrix\n\n" + table)
+    from rich.table import Table
+
+    t = Table(title="proof matrix (dist/proof.json)")
+    for col in ("base", "fix", "backend", "topology", "stock", "fork",
+                "verdict"):  # fmt: skip
+        t.add_column(col)
+    colors = {"proven": "green", "guard": "cyan", "n/a": "dim"}
+    for r in rows:
+        color = colors.get(r["verdict"], "bold red")
+        t.add_row(r["base"], r["fix"], r["backend"], r["topology"],
+                  r["stock"] or "-", r["fork"] or "-",
+                  f"[{color}]{r['verdict']}[/]")  # fmt: skip
+    Console(highlight=False).print(t)
+    if args.readme:
+        device = "GPU" if accelerator == "gpu" else "CPU"
+        update_readme(layout.dist.parent / "README.md", table, device)
+    # Refresh the PR bodies with the new proof rows.
+    from keras_fork import prseries
+
+    for base in bases.values():
+        tree = layout.tree(base.version)
+        if prseries.pr_series_dir(layout, base).is_dir() and tree.is_dir():
+            prseries.write(layout, base, tree)
+    ran = [results[c.key] for c in cells]
+    bad = [r for r in ran if r["verdict"] in ("broken", "vacuous")]
+    for r in bad:
+        console.print(
+            f"[bold red]{r['verdict']}[/]: {r['base']} {r['fix']} "
+            f"{r['backend']}/{r['topology']}: "
+            + "; ".join(
+                f"{v}: {r['runs'][v]['detail']}" for v in r["runs"]
+            )
+        )
+    return 1 if bad else 0
+
+
+def add_parser(sub):
+    """The ``prove`` subcommand and its filters."""
+    p = sub.add_parser("prove", help="run the stock-vs-fork proof matrix")
+    for name in ("base", "fix", "backend", "topology"):
+        p.add_argument(f"--{name}", action="append", help=f"only this {name}")
+    p.add_argument("--variant", action="append", choices=VARIANTS)
+    p.add_argument(
+        "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600, help="per-test seconds"
+    )
+    p.add_argument(
+        "--readme", action="store_true", help="refresh README's proof table"
+    )
+    return p

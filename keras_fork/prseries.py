@@ -1,0 +1,135 @@
+"""The PR series: what maintainers read upstream.
+
+``dist/pr-series/<version>/`` holds ``git format-patch`` files (numbered, with
+a cover letter) that ``git am`` cleanly onto the pristine sdist tree, with the
+fork-only trailers removed, and one markdown PR body a patch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from keras_fork import series
+from keras_fork.pins import Base
+from keras_fork.pins import Layout
+
+# Upstream reviewers get numbered patches, a cover letter and a diffstat.
+PR_FLAGS = (
+    "--zero-commit",
+    "--full-index",
+    "--no-signature",
+    "--numbered",
+    "--cover-letter",
+)
+ISSUE_URL = "https://github.com/{repo}/issues/{num}"
+
+
+def pr_series_dir(layout: Layout, base: Base) -> Path:
+    return layout.dist / "pr-series" / base.version
+
+
+def proof_cells(layout: Layout) -> list[dict]:
+    """The cells of ``dist/proof.json`` (empty when the matrix never ran)."""
+    try:
+        return json.loads((layout.dist / "proof.json").read_text())["cells"]
+    except (FileNotFoundError, KeyError, ValueError):
+        return []
+
+
+def _issue_link(issue: str | None) -> str:
+    if not issue:
+        return "(no upstream issue)"
+    repo, num = issue.split("#")
+    return f"[{issue}]({ISSUE_URL.format(repo=repo, num=num)})"
+
+
+def render_pr_body(info: series.PatchInfo, base: Base, cells: list[dict]) -> str:
+    """Markdown PR body: problem, change, tests, proof rows of the fix."""
+    _, _, rest = info.message.partition("\n")
+    rows = [
+        c for c in cells if c.get("fix") == info.fix and c["base"] == base.version
+    ]
+    lines = [
+        f"# {info.subject}",
+        "",
+        "## Problem",
+        "",
+        f"Upstream issue: {_issue_link(info.upstream_issue)} "
+        f"(base: keras {base.version}).",
+        "",
+        "## Change",
+        "",
+        rest.strip() or info.subject,
+        "",
+        "## Tests",
+        "",
+    ]
+    tests = info.added_tests()
+    lines += [f"- `{t}`" for t in tests] or ["- (this patch adds no unit test)"]
+    lines += ["", "## Proof (stock vs this patch, per backend and topology)", ""]
+    if rows:
+        lines += [
+            "| backend | topology | stock | fork | verdict |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c['backend']} | {c['topology']} | {c['stock']} | "
+            f"{c['fork']} | {c['verdict']} |"
+            for c in rows
+        ]
+    else:
+        lines.append("Not measured yet: run `scripts/prove` and rebuild.")
+    return "\n".join(lines) + "\n"
+
+
+def write(layout: Layout, base: Base, tree: Path) -> Path:
+    """Writes ``dist/pr-series/<version>/`` from the materialized ``tree``.
+
+    The folder is replaced as a whole (staged beside it, then renamed).
+
+    Returns:
+        The folder.
+    """
+    dest = pr_series_dir(layout, base)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    infos = [series.parse_patch(p) for p in series.read_series(layout, base)]
+    cells = proof_cells(layout)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pr.") as tmp:
+        staged = Path(tmp) / "series"
+        staged.mkdir()
+        if infos:  # an empty series has nothing to send, not even a cover
+            files = series.format_patch(tree, staged, PR_FLAGS)
+            cover, patches = files[0], files[1:]
+            for f, info in zip(patches, infos, strict=True):
+                f.write_text(series.strip_fork_trailers(f.read_text()))
+                body = render_pr_body(info, base, cells)
+                f.with_suffix(".md").write_text(body)
+            cover.write_text(_cover(cover.read_text(), base, infos))
+        old = Path(tmp) / "old"
+        if dest.exists():
+            dest.rename(old)
+        staged.rename(dest)
+    return dest
+
+
+def _cover(text: str, base: Base, infos: list[series.PatchInfo]) -> str:
+    subject = (
+        f"Distributed-training fixes for Keras {base.version} "
+        f"({len(infos)} patches)"
+    )
+    blurb = "\n".join(
+        [
+            "Targeted fixes for multi-device training, one per commit, each "
+            "with its own unit tests.",
+            "",
+            *[
+                f"- {i.subject} ({i.upstream_issue or 'no issue'})"
+                for i in infos
+            ],
+        ]
+    )
+    text = text.replace("*** SUBJECT HERE ***", subject)
+    return re.sub(r"\*\*\* BLURB HERE \*\*\*", lambda _: blurb, text)
