@@ -9,10 +9,9 @@ other see different batch orders. The tf.data path is already right (guard).
 
 import random
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 pytestmark = pytest.mark.fix("seeded-shuffle")
 
@@ -30,7 +29,7 @@ def _data():
     return x, y
 
 
-class _Subclassed(keras.Model):
+class SubclassedMLP(keras.Model):
     def __init__(self):
         super().__init__()
         self.hidden = keras.layers.Dense(8, activation="tanh")
@@ -87,7 +86,7 @@ def test_one_seed_gives_the_same_order_to_consecutive_models(topology):
     keras.utils.set_random_seed(1)
     with topology.scope():
         seq = _compile(_sequential())
-        sub = _Subclassed()
+        sub = SubclassedMLP()
         sub(x[:1])
         sub.set_weights(seq.get_weights())
         _compile(sub)

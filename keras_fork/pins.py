@@ -1,4 +1,4 @@
-"""Upstream pins: which Keras releases the fork is based on, and where things live.
+"""Upstream pins: the Keras releases the fork is based on; where things live.
 
 The pins are data (``keras_fork/bases.toml``); nothing in the code names a
 version, so a new base is a new table there plus ``patches/<version>/.patches``.
@@ -47,7 +47,7 @@ class Layout:
         return self.build / "trees" / version
 
     def variant(self, version: str, variant: str) -> Path:
-        """The ``pip install --target`` folder of ``stock`` or ``fork`` keras."""
+        """The `pip install --target` folder of `stock` or `fork` keras."""
         return self.build / "variants" / version / variant
 
 

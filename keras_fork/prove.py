@@ -82,7 +82,9 @@ def load_matrix(path: Path = MATRIX) -> list[Cell]:
             if expect.startswith("n/a"):
                 expect, reason = "n/a", expect.partition(":")[2].strip()
                 if not reason:
-                    raise ForkError(f"{path}: {fix} {where}: n/a needs a reason")
+                    raise ForkError(
+                        f"{path}: {fix} {where}: n/a needs a reason"
+                    )
             elif expect not in EXPECTS:
                 raise ForkError(
                     f"{path}: {fix} {where}: expectation {expect!r} is not "
@@ -218,8 +220,9 @@ def _first_failure(path: Path) -> str:
         for tag in ("failure", "error"):
             node = case.find(tag)
             if node is not None:
-                msg = (node.get("message") or "").splitlines()
-                return f"{case.get('name')}: {msg[0] if msg else tag}"[:300]
+                lines = (node.get("message") or "").splitlines()
+                msg = next((ln.strip() for ln in lines if ln.strip()), tag)
+                return f"{case.get('name')}: {msg}"[:300]
     return ""
 
 
@@ -310,7 +313,9 @@ def _load_previous(path: Path) -> dict:
         cells = json.loads(path.read_text())["cells"]
     except (FileNotFoundError, KeyError, ValueError):
         return {}
-    return {(c["base"], c["fix"], c["backend"], c["topology"]): c for c in cells}
+    return {
+        (c["base"], c["fix"], c["backend"], c["topology"]): c for c in cells
+    }
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -372,7 +377,9 @@ def main(args, layout: pins.Layout) -> int:
     results = dict(previous)
     todo = [c for c in cells if c.expect != "n/a"]
     with Progress(console=console, transient=False) as progress:
-        task = progress.add_task("proof matrix", total=len(todo) * len(variants))
+        task = progress.add_task(
+            "proof matrix", total=len(todo) * len(variants)
+        )
         for cell in cells:
             old = previous.get(cell.key, {})
             row = {
@@ -459,9 +466,7 @@ def main(args, layout: pins.Layout) -> int:
         console.print(
             f"[bold red]{r['verdict']}[/]: {r['base']} {r['fix']} "
             f"{r['backend']}/{r['topology']}: "
-            + "; ".join(
-                f"{v}: {r['runs'][v]['detail']}" for v in r["runs"]
-            )
+            + "; ".join(f"{v}: {r['runs'][v]['detail']}" for v in r["runs"])
         )
     return 1 if bad else 0
 

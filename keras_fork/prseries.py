@@ -46,11 +46,15 @@ def _issue_link(issue: str | None) -> str:
     return f"[{issue}]({ISSUE_URL.format(repo=repo, num=num)})"
 
 
-def render_pr_body(info: series.PatchInfo, base: Base, cells: list[dict]) -> str:
+def render_pr_body(
+    info: series.PatchInfo, base: Base, cells: list[dict]
+) -> str:
     """Markdown PR body: problem, change, tests, proof rows of the fix."""
     _, _, rest = info.message.partition("\n")
     rows = [
-        c for c in cells if c.get("fix") == info.fix and c["base"] == base.version
+        c
+        for c in cells
+        if c.get("fix") == info.fix and c["base"] == base.version
     ]
     lines = [
         f"# {info.subject}",
@@ -69,7 +73,11 @@ def render_pr_body(info: series.PatchInfo, base: Base, cells: list[dict]) -> str
     ]
     tests = info.added_tests()
     lines += [f"- `{t}`" for t in tests] or ["- (this patch adds no unit test)"]
-    lines += ["", "## Proof (stock vs this patch, per backend and topology)", ""]
+    lines += [
+        "",
+        "## Proof (stock vs this patch, per backend and topology)",
+        "",
+    ]
     if rows:
         lines += [
             "| backend | topology | stock | fork | verdict |",

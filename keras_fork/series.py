@@ -216,9 +216,7 @@ def _failing_file(output: str) -> str:
     return "(git am named no file)"
 
 
-def materialize(
-    layout: Layout, base: Base, sdist: Path | None = None
-) -> Path:
+def materialize(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
     """Builds ``build/trees/<version>``: pristine sdist commit + the series.
 
     The first commit (tagged ``pristine``) is the unpacked, verified sdist;

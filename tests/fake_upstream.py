@@ -1,0 +1,60 @@
+"""A tiny fake upstream keras sdist for testing the recipe without PyPI."""
+
+import io
+import tarfile
+from pathlib import Path
+
+from keras_fork import pins
+
+VERSION = "9.9.9"
+EPOCH = 1_700_000_000
+
+FILES = {
+    "PKG-INFO": f"Metadata-Version: 2.1\nName: keras\nVersion: {VERSION}\n",
+    "pyproject.toml": (
+        '[build-system]\nrequires = ["setuptools >=61.0"]\n'
+        'build-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "keras"\ndynamic = ["version"]\n\n'
+        "[tool.setuptools.dynamic]\n"
+        'version = {attr = "keras.src.version.__version__"}\n\n'
+        "[tool.setuptools.package-dir]\n"
+        '"keras" = "keras/api"\n"keras.src" = "keras/src"\n'
+    ),
+    "keras/api/__init__.py": "from keras.src.version import __version__\n",
+    "keras/src/__init__.py": "",
+    "keras/src/version.py": (
+        "# Unique source of truth for the version number.\n"
+        f'__version__ = "{VERSION}"\n'
+    ),
+    "keras/src/shuffle.py": "def order(n):\n    return list(range(n))\n",
+}
+
+
+def make_sdist(folder: Path, files=FILES) -> Path:
+    """Writes keras-9.9.9.tar.gz into ``folder``; returns its path."""
+    path = folder / f"keras-{VERSION}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name in [""] + sorted(files):
+            info = tarfile.TarInfo(f"keras-{VERSION}/{name}".rstrip("/"))
+            info.mtime = EPOCH
+            if not name:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+                continue
+            data = files[name].encode()
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def make_layout(root: Path, sha256: str, fork_build: int = 1) -> pins.Layout:
+    """A Layout under ``root`` pinning the fake base (with ``sha256``) and
+    an empty series."""
+    layout = pins.Layout.default(root)
+    layout.pins.parent.mkdir(parents=True)
+    layout.pins.write_text(
+        f'["{VERSION}"]\nsdist_sha256 = "{sha256}"\nfork_build = {fork_build}\n'
+    )
+    (layout.patches / VERSION).mkdir(parents=True)
+    (layout.patches / VERSION / ".patches").write_text("")
+    return layout

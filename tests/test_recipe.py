@@ -1,0 +1,286 @@
+"""The recipe on a fake upstream: pins, sdist checks, series, wheel, PR series.
+
+These tests need no network and no real Keras; each builds a small fake
+``keras-9.9.9`` sdist in a temporary folder.
+"""
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from keras_fork import pins
+from keras_fork import prseries
+from keras_fork import sdist
+from keras_fork import series
+from keras_fork import wheel
+from keras_fork.errors import ForkError
+from tests import fake_upstream as fake
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    """(layout, base, sdist path outside the cache)."""
+    src = tmp_path / "upstream"
+    src.mkdir()
+    archive = fake.make_sdist(src)
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    layout = fake.make_layout(tmp_path / "repo", sha)
+    layout.cache.mkdir(parents=True)
+    (layout.cache / archive.name).write_bytes(archive.read_bytes())
+    return layout, pins.get_base(layout, fake.VERSION), archive
+
+
+def _add_fix(layout, base, tree):
+    """Commits a fix in the materialized tree and exports the series."""
+    f = tree / "keras/src/shuffle.py"
+    f.write_text(f.read_text().replace("range(n)", "reversed(range(n))"))
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "add", "-A", env=env)
+    series.git(
+        tree, "commit", "-q", "-m",
+        "Reverse the order\n\nBecause tests want it.\n\n"
+        "Fixes keras-team/keras#1\n\n"
+        "Fork-Fix: reverse\nBug: https://github.com/keras-team/keras/issues/1\n"
+        "Forwarded: no\nApplied-Upstream: no",
+        env=env,
+    )  # fmt: skip
+    return series.export(tree, series.series_dir(layout, base))
+
+
+def test_unknown_base_lists_known_bases(upstream):
+    layout, _, _ = upstream
+    with pytest.raises(ForkError, match=r"unknown base.*'1\.2\.3'.*9\.9\.9"):
+        pins.get_base(layout, "1.2.3")
+
+
+def test_real_pins_are_valid():
+    bases = pins.load_bases(pins.Layout.default())
+    assert "3.15.1" in bases
+    assert bases["3.15.1"].wheel_name == "keras-3.15.1+fork.1-py3-none-any.whl"
+
+
+def test_local_version_is_accepted_by_base_specifiers():
+    from packaging.specifiers import SpecifierSet
+
+    version = pins.Base("3.15.1", "0" * 64, 1).fork_version
+    for spec in ("==3.15.1", "~=3.15.0", "==3.15.*", ">=3.15"):
+        assert SpecifierSet(spec).contains(version), spec
+
+
+@pytest.mark.parametrize("how", ["tampered", "truncated"])
+def test_bad_cached_sdist_is_refused_and_nothing_unpacked(upstream, how):
+    layout, base, _ = upstream
+    cached = layout.cache / base.sdist_name
+    data = cached.read_bytes()
+    cached.write_bytes(data[:100] if how == "truncated" else data + b"x")
+    actual = hashlib.sha256(cached.read_bytes()).hexdigest()
+    with pytest.raises(ForkError) as e:
+        series.materialize(layout, base)
+    assert base.sdist_sha256 in str(e.value) and actual in str(e.value)
+    assert not layout.tree(base.version).exists()
+
+
+def test_no_network_and_no_cache_says_how_to_provide_the_sdist(
+    upstream, monkeypatch
+):
+    layout, base, archive = upstream
+    (layout.cache / base.sdist_name).unlink()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(layout.cache))
+    with pytest.raises(ForkError, match="--sdist PATH"):
+        sdist.fetch(layout, base)
+    assert not (layout.cache / base.sdist_name).exists()
+    # The offered way works offline and fills the cache.
+    assert sdist.fetch(layout, base, archive).is_file()
+
+
+def test_given_sdist_with_wrong_hash_is_not_cached(upstream, tmp_path):
+    layout, base, archive = upstream
+    (layout.cache / base.sdist_name).unlink()
+    bad = tmp_path / base.sdist_name
+    bad.write_bytes(archive.read_bytes() + b"!")
+    with pytest.raises(ForkError, match="sha256 mismatch"):
+        sdist.fetch(layout, base, bad)
+    assert not (layout.cache / base.sdist_name).exists()
+
+
+def test_series_round_trip_is_byte_identical(upstream):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    names = _add_fix(layout, base, tree)
+    assert names == ["Reverse-the-order.patch"]
+    before = {
+        p.name: p.read_bytes()
+        for p in series.series_dir(layout, base).iterdir()
+    }
+    tree = series.materialize(layout, base)  # fresh: pristine + git am
+    assert series.check(layout, base, tree) == []
+    series.export(tree, series.series_dir(layout, base))
+    after = {
+        p.name: p.read_bytes()
+        for p in series.series_dir(layout, base).iterdir()
+    }
+    assert after == before
+    info = series.parse_patch(series.series_dir(layout, base) / names[0])
+    assert info.fix == "reverse"
+    assert info.upstream_issue == "keras-team/keras#1"
+    assert info.trailers["Forwarded"] == "no"
+    assert "Fork-Fix" not in info.message
+
+
+def test_check_reports_a_patch_not_in_canonical_form(upstream):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    (name,) = _add_fix(layout, base, tree)
+    patch = series.series_dir(layout, base) / name
+    # As exported without --full-index: still applies, but re-export churns.
+    text = re.sub(
+        r"^index ([0-9a-f]{7})[0-9a-f]{33}\.\.([0-9a-f]{7})[0-9a-f]{33}",
+        r"index \1..\2",
+        patch.read_text(),
+        flags=re.M,
+    )
+    assert text != patch.read_text()
+    patch.write_text(text)
+    tree = series.materialize(layout, base)
+    assert series.check(layout, base, tree) == [name]
+
+
+def test_failing_patch_names_patch_and_file_and_leaves_no_tree(upstream):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    (name,) = _add_fix(layout, base, tree)
+    # Make the patch's context disagree with upstream.
+    patch = series.series_dir(layout, base) / name
+    patch.write_text(patch.read_text().replace("def order(n):", "def o(n):"))
+    with pytest.raises(ForkError) as e:
+        series.materialize(layout, base)
+    assert name in str(e.value)
+    assert "keras/src/shuffle.py" in str(e.value)
+    assert not layout.tree(base.version).exists()
+    assert list(layout.tree(base.version).parent.iterdir()) == []
+
+
+def test_series_order_file_must_match_the_folder(upstream):
+    layout, base, _ = upstream
+    folder = series.series_dir(layout, base)
+    (folder / "stray.patch").write_text("x")
+    with pytest.raises(ForkError, match="not in .patches"):
+        series.read_series(layout, base)
+    (folder / ".patches").write_text("gone.patch\n")
+    with pytest.raises(ForkError, match="missing patches: gone.patch"):
+        series.read_series(layout, base)
+
+
+def _wheel_sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_wheel_is_reproducible_labelled_and_carries_the_manifest(upstream):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    _add_fix(layout, base, tree)
+    tree = series.materialize(layout, base)
+    first = wheel.build(layout, base, tree)
+    sha = _wheel_sha(first)
+    second = wheel.build(layout, base, series.materialize(layout, base))
+    assert first == second and _wheel_sha(second) == sha
+    assert first.name == "keras-9.9.9+fork.1-py3-none-any.whl"
+    with zipfile.ZipFile(first) as z:
+        names = z.namelist()
+        version_py = z.read("keras/src/version.py").decode()
+        manifest = json.loads(
+            z.read("keras-9.9.9+fork.1.dist-info/FORK_PATCHES.json")
+        )
+        shuffle_py = z.read("keras/src/shuffle.py").decode()
+    assert '__version__ = "9.9.9+fork.1"' in version_py
+    assert "reversed(range(n))" in shuffle_py
+    assert "keras-9.9.9+fork.1.dist-info/RECORD" in names
+    assert manifest["patches"][0]["fix"] == "reverse"
+    assert manifest["patches"][0]["upstream_issue"] == "keras-team/keras#1"
+    assert [p.name for p in layout.dist.iterdir()] == [first.name]
+
+
+def test_wheel_manifest_readable_through_importlib_metadata(upstream, tmp_path):
+    layout, base, _ = upstream
+    whl = wheel.build(layout, base, series.materialize(layout, base))
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+         "--target", str(target), str(whl)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    code = (
+        "import importlib.metadata as m, json, keras;"
+        "d = m.distribution('keras');"
+        "print(d.version, keras.__version__,"
+        " json.loads(d.read_text('FORK_PATCHES.json'))['version'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert out == ["9.9.9+fork.1"] * 3
+
+
+def test_failed_wheel_build_leaves_dist_empty(upstream, monkeypatch):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    (tree / "pyproject.toml").write_text("not toml [[[")
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "commit", "-qam", "break the build", env=env)
+    with pytest.raises(ForkError, match="building the wheel"):
+        wheel.build(layout, base, tree)
+    assert not any(layout.dist.glob("*.whl"))
+    assert not any(p.name.startswith(".wheel.") for p in layout.build.iterdir())
+
+
+def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
+    upstream, tmp_path
+):
+    layout, base, archive = upstream
+    tree = series.materialize(layout, base)
+    _add_fix(layout, base, tree)
+    tree = series.materialize(layout, base)
+    out = prseries.write(layout, base, tree)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == [
+        "0000-cover-letter.patch",
+        "0001-Reverse-the-order.md",
+        "0001-Reverse-the-order.patch",
+    ]
+    text = (out / "0001-Reverse-the-order.patch").read_text()
+    for trailer in series.FORK_TRAILERS:
+        assert f"\n{trailer}: " not in text
+    assert "Fixes keras-team/keras#1" in text
+    body = (out / "0001-Reverse-the-order.md").read_text()
+    assert "keras-team/keras/issues/1" in body
+    # git am onto a pristine unpack of the sdist.
+    pristine = tmp_path / "pristine"
+    sdist.unpack(archive, base.version, pristine)
+    env = series.git_env(fake.EPOCH)
+    series.git(pristine, "init", "-q", env=env)
+    series.git(pristine, "add", "-A", env=env)
+    series.git(pristine, "commit", "-qm", "pristine", env=env)
+    series.git(pristine, "am", "-q", str(out / files[2]), env=env)
+    assert "reversed" in (pristine / "keras/src/shuffle.py").read_text()
+
+
+def test_build_cli_reports_errors_without_traceback(upstream):
+    layout, _, _ = upstream
+    root = layout.pins.parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "keras_fork", "--root", str(root), "build",
+         "--base", "0.0.1"],
+        capture_output=True, text=True, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: unknown base version '0.0.1'")
+    assert "Traceback" not in proc.stderr
