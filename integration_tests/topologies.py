@@ -33,6 +33,12 @@ TOPOLOGIES = {
     ),
     ("torch", "1"): (1, "one device"),
 }
+# The upstream-style unit tests a fix's patches add, run with Keras's own
+# test files on one device: stock runs only the added tests (they must fail),
+# fork runs every test file the patches touch (all must pass).
+UNIT = "unit"
+for _backend in ("jax", "tensorflow", "torch"):
+    TOPOLOGIES[(_backend, UNIT)] = (1, "upstream-style unit tests, 1 device")
 
 
 def known(backend: str, topology: str) -> bool:

@@ -32,6 +32,7 @@ import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from integration_tests import topologies
 from keras_fork import pins
 from keras_fork import sdist as sdist_lib
 from keras_fork.errors import ForkError
@@ -64,15 +65,62 @@ class Cell:
         return f"{self.base}-{self.fix}-{self.backend}-{self.topology}"
 
 
+@dataclasses.dataclass(frozen=True)
+class UnitTests:
+    """The upstream-style unit tests a fix's patches add.
+
+    Attributes:
+        files: the touched ``*_test.py`` files, in the materialized tree.
+        names: the added test functions (``test_...``).
+    """
+
+    files: tuple[Path, ...]
+    names: tuple[str, ...]
+
+
+def unit_tests(layout: pins.Layout, base: pins.Base, fix: str) -> UnitTests:
+    """Collects the unit tests added by the patches marked ``Fork-Fix: fix``
+    in the series of ``base`` (files from ``build/trees/<version>``)."""
+    from keras_fork import series
+
+    files, names = [], []
+    for patch in series.read_series(layout, base):
+        info = series.parse_patch(patch)
+        if info.fix != fix:
+            continue
+        for test in info.added_tests():
+            path, _, name = test.partition("::")
+            f = layout.tree(base.version) / path
+            if f not in files:
+                files.append(f)
+            names.append(name)
+    return UnitTests(tuple(files), tuple(dict.fromkeys(names)))
+
+
+UNIT_CONFTEST = """\
+# Written by keras_fork.prove: check which keras the unit run imports.
+from integration_tests.conftest import pytest_configure  # noqa: F401
+"""
+
+
+def _unit_workdir(workdir: Path, unit: UnitTests) -> None:
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    for f in unit.files:
+        if (workdir / f.name).exists():
+            raise ForkError(f"two unit test files named {f.name}")
+        shutil.copyfile(f, workdir / f.name)
+    (workdir / "pytest.ini").write_text("[pytest]\n")
+    (workdir / "conftest.py").write_text(UNIT_CONFTEST)
+
+
 def load_matrix(path: Path = MATRIX) -> list[Cell]:
     """Reads ``matrix.toml`` into cells.
 
     Raises:
         ForkError: an unknown backend/topology or an invalid expectation.
     """
-    sys.path.insert(0, str(pins.REPO_ROOT))
-    from integration_tests import topologies
-
     data = tomllib.loads(path.read_text())
     cells = []
     for fix, spec in data.get("fixes", {}).items():
@@ -234,8 +282,12 @@ def run_variant(
     junit: Path,
     accelerator: str,
     timeout: float,
+    unit: UnitTests | None = None,
 ) -> dict:
     """Runs one variant of one cell in a fresh pytest process.
+
+    For a ``unit`` cell, ``unit`` names the tests: the stock run selects
+    only the added tests, the fork run every touched test file.
 
     Returns:
         ``{"outcome": "pass"|"fail"|"error", "detail": str,
@@ -244,14 +296,11 @@ def run_variant(
         test ran, or the ``timeout`` in seconds expired: the whole process
         group is then killed).
     """
-    sys.path.insert(0, str(pins.REPO_ROOT))
-    from integration_tests import topologies
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
     env.pop("XLA_FLAGS", None)
     env.update(topologies.env_for(cell.backend, cell.topology, accelerator))
     env.update(
-        PYTHONPATH=str(keras_dir),
+        PYTHONPATH=os.pathsep.join([str(keras_dir), str(pins.REPO_ROOT)]),
         PROOF_FIX=cell.fix,
         PROOF_BASE=cell.base,
         PROOF_VARIANT=variant,
@@ -263,16 +312,24 @@ def run_variant(
     junit.unlink(missing_ok=True)
     log = junit.with_suffix(".log")
     cmd = [
-        sys.executable, "-m", "pytest", "integration_tests",
-        "-p", "no:cacheprovider", "-q", "-rfE",
-        f"--junitxml={junit}", "-o", "junit_family=xunit2",
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+        "-rfE", f"--junitxml={junit}", "-o", "junit_family=xunit2",
         f"--timeout={int(timeout)}",
     ]  # fmt: skip
+    cwd = pins.REPO_ROOT
+    if unit is None:
+        cmd.append("integration_tests")
+    else:
+        cwd = junit.with_suffix(".unit")
+        _unit_workdir(cwd, unit)
+        cmd += ["--rootdir", str(cwd), str(cwd)]
+        if variant == "stock":
+            cmd += ["-k", " or ".join(unit.names)]
     start = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(
             cmd,
-            cwd=pins.REPO_ROOT,
+            cwd=cwd,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -375,6 +432,10 @@ def main(args, layout: pins.Layout) -> int:
     proof_json = layout.dist / "proof.json"
     previous = _load_previous(proof_json)
     results = dict(previous)
+    units = {}
+    for c in cells:
+        if c.topology == topologies.UNIT and c.expect != "n/a":
+            units[c.key] = unit_tests(layout, bases[c.base], c.fix)
     todo = [c for c in cells if c.expect != "n/a"]
     with Progress(console=console, transient=False) as progress:
         task = progress.add_task(
@@ -395,7 +456,10 @@ def main(args, layout: pins.Layout) -> int:
                 "reason": cell.reason,
                 "runs": {},
             }
-            if cell.expect != "n/a":
+            unit = units.get(cell.key)
+            if unit is not None and not unit.names:
+                row["reason"] = "the fix's patches add no unit test"
+            elif cell.expect != "n/a":
                 for variant in VARIANTS:
                     if variant not in variants:
                         # Keep the other variant's last result (if any).
@@ -419,6 +483,7 @@ def main(args, layout: pins.Layout) -> int:
                         f"{variant}.xml",
                         accelerator,
                         args.timeout,
+                        unit,
                     )
                     row[variant] = run["outcome"]
                     row["runs"][variant] = run
@@ -468,6 +533,10 @@ def main(args, layout: pins.Layout) -> int:
             f"{r['backend']}/{r['topology']}: "
             + "; ".join(f"{v}: {r['runs'][v]['detail']}" for v in r["runs"])
         )
+    # A plain closing line for CI log readers: cells, not tests.
+    good = sum(r["verdict"] in ("proven", "guard") for r in ran)
+    skipped = sum(r["verdict"] == "n/a" for r in ran)
+    print(f"proof: {good} passed, {len(bad)} failed, {skipped} skipped")
     return 1 if bad else 0
 
 

@@ -1,0 +1,107 @@
+"""Checks on the real build outputs in dist/ (run after scripts/build).
+
+Marked ``release``: scripts/test runs them after the build step.
+"""
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from keras_fork import pins
+from keras_fork import prseries
+from keras_fork import sdist
+from keras_fork import series
+from keras_fork import wheel
+
+pytestmark = pytest.mark.release
+LAYOUT = pins.Layout.default()
+BASES = list(pins.load_bases(LAYOUT).values())
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(params=BASES, ids=lambda b: b.version)
+def base(request):
+    b = request.param
+    if not (LAYOUT.dist / b.wheel_name).is_file():
+        pytest.fail(f"{b.wheel_name} missing: run scripts/build first")
+    return b
+
+
+def test_second_build_is_byte_identical(base, tmp_path):
+    other = dataclasses.replace(
+        LAYOUT, build=tmp_path / "build", dist=tmp_path / "dist"
+    )
+    again = wheel.build(other, base, LAYOUT.tree(base.version))
+    assert _sha(again) == _sha(LAYOUT.dist / base.wheel_name)
+
+
+def test_pr_series_applies_to_the_pristine_sdist(base, tmp_path):
+    archive = sdist.fetch(LAYOUT, base)
+    tree = tmp_path / "pristine"
+    sdist.unpack(archive, base.version, tree)
+    env = series.git_env(0)
+    series.git(tree, "init", "-q", env=env)
+    series.git(tree, "add", "-A", env=env)
+    series.git(tree, "commit", "-qm", "pristine", env=env)
+    folder = prseries.pr_series_dir(LAYOUT, base)
+    patches = sorted(folder.glob("0*.patch"))
+    n = len(series.read_series(LAYOUT, base))
+    if n == 0:
+        assert patches == []
+        return
+    assert patches[0].name == "0000-cover-letter.patch"
+    assert len(patches) == n + 1
+    series.git(tree, "am", "-q", *map(str, patches[1:]), env=env)
+    log = series.git(tree, "log", "--format=%B", env=env)
+    for trailer in series.FORK_TRAILERS:
+        assert f"{trailer}: " not in log
+    assert len(series.git(tree, "rev-list", "HEAD", env=env).split()) == n + 1
+
+
+def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
+    base, tmp_path
+):
+    """A fresh venv with tensorflow-cpu, jax and torch (constraints.txt) and
+    the fork wheel: pip check is clean, ``keras==<base>`` is satisfied by
+    the fork, and the manifest is readable through importlib.metadata."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    constraints = pins.REPO_ROOT / "constraints.txt"
+    whl = LAYOUT.dist / base.wheel_name
+    pip = [py, "-m", "pip", "--disable-pip-version-check"]
+    subprocess.run(
+        pip + ["install", "-q", "-c", str(constraints), str(whl),
+               "tensorflow-cpu", "jax", "torch"],
+        check=True,
+    )  # fmt: skip
+    check = subprocess.run(pip + ["check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    again = subprocess.run(
+        pip + ["install", f"keras=={base.version}", "--no-deps", "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "Would install" not in again.stdout, again.stdout
+    code = (
+        "import importlib.metadata as m, json, keras;"
+        "d = json.loads(m.distribution('keras')"
+        ".read_text('FORK_PATCHES.json'));"
+        "assert keras.__version__ == d['version'], keras.__version__;"
+        "print(keras.ops.sum(keras.ops.ones((2, 3))))"
+    )
+    for backend in ("jax", "tensorflow", "torch"):
+        env = dict(os.environ, KERAS_BACKEND=backend, CUDA_VISIBLE_DEVICES="")
+        out = subprocess.run(
+            [py, "-c", code], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, (backend, out.stderr[-2000:])
+        assert "6" in out.stdout
