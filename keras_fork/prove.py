@@ -170,12 +170,20 @@ def select(cells: list[Cell], args) -> list[Cell]:
     return chosen
 
 
-def verdict(expect: str, stock: str | None, fork: str | None) -> str:
+def verdict(
+    expect: str,
+    stock: str | None,
+    fork: str | None,
+    stock_passed: tuple[str, ...] = (),
+) -> str:
     """The cell verdict from the two variant outcomes.
 
     Args:
         expect: ``proven``, ``guard`` or ``n/a``.
         stock, fork: ``pass``, ``fail``, ``error`` or None (not run).
+        stock_passed: the tests that passed on stock. In a ``proven`` cell
+            every proving test must fail on stock: one that passes there is
+            ``vacuous`` even when another test of the cell failed.
     """
     if expect == "n/a":
         return "n/a"
@@ -186,7 +194,7 @@ def verdict(expect: str, stock: str | None, fork: str | None) -> str:
     if stock == "error":
         return "broken"
     if stock == "fail":
-        return "proven"
+        return "vacuous" if expect == "proven" and stock_passed else "proven"
     return "guard" if expect == "guard" else "vacuous"
 
 
@@ -257,6 +265,20 @@ def _junit_counts(path: Path) -> dict:
         return {}
     return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors",
                                                 "skipped")}  # fmt: skip
+
+
+def _passed_tests(path: Path) -> list[str]:
+    """Names of the test cases of a JUnit file that passed."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    return [
+        case.get("name")
+        for case in root.iter("testcase")
+        if not any(case.find(t) is not None for t in ("failure", "error",
+                                                       "skipped"))
+    ]  # fmt: skip
 
 
 def _first_failure(path: Path) -> str:
@@ -362,6 +384,7 @@ def run_variant(
         if junit.is_relative_to(pins.REPO_ROOT)
         else str(junit),
         "counts": counts,
+        "passed_tests": _passed_tests(junit),
     }
 
 
@@ -493,7 +516,13 @@ def main(args, layout: pins.Layout) -> int:
                         f"{cell.slug} {variant}: [{style}]{run['outcome']}[/] "
                         f"({run['seconds']}s) {run['detail']}"
                     )
-            row["verdict"] = verdict(cell.expect, row["stock"], row["fork"])
+            stock_run = row["runs"].get("stock", {})
+            row["verdict"] = verdict(
+                cell.expect,
+                row["stock"],
+                row["fork"],
+                tuple(stock_run.get("passed_tests", ())),
+            )
             if row["verdict"] == "n/a" and not row["reason"]:
                 row["reason"] = "a variant was not run"
             results[cell.key] = row
@@ -528,10 +557,13 @@ def main(args, layout: pins.Layout) -> int:
     ran = [results[c.key] for c in cells]
     bad = [r for r in ran if r["verdict"] in ("broken", "vacuous")]
     for r in bad:
+        why = "; ".join(f"{v}: {run['detail']}" for v, run in r["runs"].items())
+        stock_passed = r["runs"].get("stock", {}).get("passed_tests")
+        if r["verdict"] == "vacuous" and stock_passed:
+            why = f"passes on stock: {', '.join(stock_passed)}"
         console.print(
             f"[bold red]{r['verdict']}[/]: {r['base']} {r['fix']} "
-            f"{r['backend']}/{r['topology']}: "
-            + "; ".join(f"{v}: {r['runs'][v]['detail']}" for v in r["runs"])
+            f"{r['backend']}/{r['topology']}: {why}"
         )
     # A plain closing line for CI log readers: cells, not tests.
     good = sum(r["verdict"] in ("proven", "guard") for r in ran)

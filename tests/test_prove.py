@@ -1,0 +1,102 @@
+"""The proof matrix: verdict rules and the matrix file itself."""
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from integration_tests import topologies
+from keras_fork import pins
+from keras_fork import prove
+from keras_fork.errors import ForkError
+
+
+@pytest.mark.parametrize(
+    "expect, stock, fork, stock_passed, want",
+    [
+        ("proven", "fail", "pass", (), "proven"),
+        ("proven", "pass", "pass", ("t",), "vacuous"),
+        ("proven", "fail", "pass", ("t",), "vacuous"),  # one proving test
+        ("guard", "pass", "pass", ("t",), "guard"),
+        ("guard", "fail", "pass", (), "proven"),
+        ("proven", "fail", "fail", (), "broken"),
+        ("guard", "pass", "error", ("t",), "broken"),
+        ("proven", "error", "pass", (), "broken"),
+        ("proven", None, "pass", (), "n/a"),
+        ("n/a", None, None, (), "n/a"),
+    ],
+)
+def test_verdicts(expect, stock, fork, stock_passed, want):
+    assert prove.verdict(expect, stock, fork, stock_passed) == want
+
+
+def test_matrix_is_valid_and_every_fix_is_proven_somewhere():
+    cells = prove.load_matrix()
+    bases = pins.load_bases(pins.Layout.default())
+    fixes = {c.fix for c in cells}
+    assert fixes
+    for fix in fixes:
+        assert any(c.fix == fix and c.expect == "proven" for c in cells), fix
+    for c in cells:
+        assert c.base in bases, c
+        assert c.expect in ("proven", "guard", "n/a")
+        assert c.expect != "n/a" or c.reason
+
+
+def test_every_fix_has_integration_tests():
+    source = "".join(
+        p.read_text()
+        for p in (pins.REPO_ROOT / "integration_tests").glob("test_*.py")
+    )
+    marked = set(re.findall(r'pytest\.mark\.fix\("([\w-]+)"\)', source))
+    assert {c.fix for c in prove.load_matrix()} <= marked
+
+
+@pytest.mark.parametrize(
+    "cell, error",
+    [
+        ('"jax/64" = "proven"', "unknown cell jax/64"),
+        ('"jax/1" = "maybe"', "expectation 'maybe'"),
+        ('"jax/1" = "n/a"', "n/a needs a reason"),
+    ],
+)
+def test_bad_matrix_entries_are_refused(tmp_path, cell, error):
+    path = tmp_path / "matrix.toml"
+    path.write_text(
+        '[fixes.f]\nbases = ["3.15.1"]\n[fixes.f.cells]\n' + cell + "\n"
+    )
+    with pytest.raises(ForkError, match=re.escape(error)):
+        prove.load_matrix(path)
+
+
+def test_filters_select_cells_and_refuse_empty_selection():
+    cells = prove.load_matrix()
+    args = SimpleNamespace(base=None, fix=None, backend=["jax"], topology=["8"])
+    chosen = prove.select(cells, args)
+    assert chosen and all(
+        (c.backend, c.topology) == ("jax", "8") for c in chosen
+    )
+    args.backend = ["no-such-backend"]
+    with pytest.raises(ForkError, match="no matrix cell"):
+        prove.select(cells, args)
+
+
+def test_multi_device_topologies_set_devices_before_the_backend_starts():
+    env = topologies.env_for("jax", "8", "cpu")
+    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+    assert env["JAX_PLATFORMS"] == "cpu"
+    assert "XLA_FLAGS" not in topologies.env_for("jax", "8", "gpu")
+    assert (
+        topologies.env_for("tensorflow", "mirrored-2", "cpu")["PROOF_TOPOLOGY"]
+        == "mirrored-2"
+    )
+
+
+def test_table_shows_na_reasons():
+    table = prove.render_table(
+        [
+            dict(base="3.15.1", fix="f", backend="torch", topology="ddp-2",
+                 stock=None, fork=None, verdict="n/a", reason="why not"),
+        ]
+    )  # fmt: skip
+    assert "| - | - | n/a (why not) |" in table
