@@ -24,6 +24,7 @@ PR_FLAGS = (
     "--numbered",
     "--cover-letter",
 )
+_FIXES_LINE = re.compile(r"^Fixes [\w./-]+#\d+\s*$")
 ISSUE_URL = "https://github.com/{repo}/issues/{num}"
 
 
@@ -50,7 +51,13 @@ def render_pr_body(
     info: series.PatchInfo, base: Base, cells: list[dict]
 ) -> str:
     """Markdown PR body: problem, change, tests, proof rows of the fix."""
-    _, _, rest = info.message.partition("\n")
+    # Commit-message convention of the series: the first paragraph states
+    # the problem, the rest the change; the `Fixes` line becomes the link.
+    paragraphs = [
+        p for p in info.message.split("\n\n") if not _FIXES_LINE.match(p)
+    ]
+    problem = paragraphs[0] if paragraphs else info.subject
+    change = "\n\n".join(paragraphs[1:]) or info.subject
     rows = [
         c
         for c in cells
@@ -61,12 +68,14 @@ def render_pr_body(
         "",
         "## Problem",
         "",
+        problem,
+        "",
         f"Upstream issue: {_issue_link(info.upstream_issue)} "
         f"(base: keras {base.version}).",
         "",
         "## Change",
         "",
-        rest.strip() or info.subject,
+        change,
         "",
         "## Tests",
         "",
@@ -84,8 +93,10 @@ def render_pr_body(
             "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {c['backend']} | {c['topology']} | {c['stock']} | "
-            f"{c['fork']} | {c['verdict']} |"
+            f"| {c['backend']} | {c['topology']} | {c['stock'] or '-'} | "
+            f"{c['fork'] or '-'} | {c['verdict']}"
+            + (f" ({c['reason']})" if c.get("reason") else "")
+            + " |"
             for c in rows
         ]
     else:
@@ -126,7 +137,7 @@ def write(layout: Layout, base: Base, tree: Path) -> Path:
 def _cover(text: str, base: Base, infos: list[series.PatchInfo]) -> str:
     subject = (
         f"Distributed-training fixes for Keras {base.version} "
-        f"({len(infos)} patches)"
+        f"({len(infos)} patch{'es' if len(infos) > 1 else ''})"
     )
     blurb = "\n".join(
         [

@@ -262,6 +262,7 @@ def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
     assert "Fixes keras-team/keras#1" in text
     body = (out / "0001-Reverse-the-order.md").read_text()
     assert "keras-team/keras/issues/1" in body
+    assert "## Problem\n\nBecause tests want it.\n" in body
     # git am onto a pristine unpack of the sdist.
     pristine = tmp_path / "pristine"
     sdist.unpack(archive, base.version, pristine)
