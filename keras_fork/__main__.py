@@ -11,6 +11,7 @@ Commands (the ``scripts/`` entry points call these):
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,6 +35,11 @@ def cmd_build(args, layout: pins.Layout) -> int:
         raise ForkError("--sdist needs exactly one --base")
     console = _console()
     for base in bases:
+        # Outputs of an earlier build must not survive a failed one.
+        (layout.dist / base.wheel_name).unlink(missing_ok=True)
+        stale = prseries.pr_series_dir(layout, base)
+        if stale.exists():
+            shutil.rmtree(stale)
         with console.status(f"keras {base.version}: materializing"):
             tree = series.materialize(layout, base, args.sdist)
         drift = series.check(layout, base, tree)

@@ -285,3 +285,24 @@ def test_build_cli_reports_errors_without_traceback(upstream):
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: unknown base version '0.0.1'")
     assert "Traceback" not in proc.stderr
+
+
+def test_build_cli_failing_patch_leaves_no_wheel_or_series(upstream):
+    layout, base, _ = upstream
+    root = layout.pins.parent.parent
+    repo = Path(__file__).parent.parent
+    cmd = [sys.executable, "-m", "keras_fork", "--root", str(root), "build"]
+    tree = series.materialize(layout, base)
+    (name,) = _add_fix(layout, base, tree)
+    ok = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+    assert ok.returncode == 0, ok.stderr
+    assert (layout.dist / base.wheel_name).is_file()
+    patch = series.series_dir(layout, base) / name
+    patch.write_text(patch.read_text().replace("def order(n):", "def o(n):"))
+    bad = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+    assert bad.returncode == 2
+    assert f"patch {name} does not apply" in bad.stderr
+    assert "keras/src/shuffle.py" in bad.stderr
+    assert list(layout.dist.glob("*.whl")) == []
+    assert not prseries.pr_series_dir(layout, base).exists()
+    assert not layout.tree(base.version).exists()
