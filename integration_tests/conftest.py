@@ -1,7 +1,10 @@
 """Harness of the proof suite.
 
 Every test is marked ``@pytest.mark.fix("<fix id>")`` (ids in
-``matrix.toml``). The runner starts one pytest process per cell and variant
+``matrix.toml``), optionally with ``role="guard"``: a proof test (the default)
+must fail on stock where its cell is ``proven``; a guard test documents
+behavior that stock already has and must pass on both. The runner starts one
+pytest process per cell and variant
 with ``PROOF_FIX`` set; only that fix's tests are collected. Outside the
 runner (a developer running pytest by hand) every test runs on the topology of
 ``PROOF_TOPOLOGY`` (default ``1``) with whichever keras is importable.
@@ -41,6 +44,17 @@ def _fix_of(item) -> str | None:
     return marker.args[0] if marker and marker.args else None
 
 
+ROLES = ("proof", "guard")
+
+
+def _role_of(item) -> str:
+    marker = item.get_closest_marker("fix")
+    role = marker.kwargs.get("role", "proof") if marker else "proof"
+    if role not in ROLES:
+        raise pytest.UsageError(f"{item.nodeid}: role {role!r} not in {ROLES}")
+    return role
+
+
 def pytest_collection_modifyitems(config, items):
     unmarked = [i.nodeid for i in items if _fix_of(i) is None]
     if unmarked:
@@ -68,6 +82,7 @@ def _fresh_keras_state(request, record_property):
     import keras
 
     record_property("fix", _fix_of(request.node))
+    record_property("role", _role_of(request.node))
     keras.backend.clear_session()
     yield
     keras.backend.clear_session()

@@ -267,18 +267,29 @@ def _junit_counts(path: Path) -> dict:
                                                 "skipped")}  # fmt: skip
 
 
-def _passed_tests(path: Path) -> list[str]:
-    """Names of the test cases of a JUnit file that passed."""
+def _cases(path: Path) -> list[dict]:
+    """Test cases of a JUnit (xunit1) file: name, outcome and role."""
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError):
         return []
-    return [
-        case.get("name")
-        for case in root.iter("testcase")
-        if not any(case.find(t) is not None for t in ("failure", "error",
-                                                       "skipped"))
-    ]  # fmt: skip
+    cases = []
+    for case in root.iter("testcase"):
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if case.find(tag) is not None:
+                outcome = tag
+        props = {
+            p.get("name"): p.get("value") for p in case.iter("property")
+        }
+        cases.append(
+            {
+                "name": case.get("name"),
+                "outcome": outcome,
+                "role": props.get("role", "proof"),
+            }
+        )
+    return cases
 
 
 def _first_failure(path: Path) -> str:
@@ -335,7 +346,7 @@ def run_variant(
     log = junit.with_suffix(".log")
     cmd = [
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-        "-rfE", f"--junitxml={junit}", "-o", "junit_family=xunit2",
+        "-rfE", f"--junitxml={junit}", "-o", "junit_family=xunit1",
         f"--timeout={int(timeout)}",
     ]  # fmt: skip
     cwd = pins.REPO_ROOT
@@ -384,7 +395,11 @@ def run_variant(
         if junit.is_relative_to(pins.REPO_ROOT)
         else str(junit),
         "counts": counts,
-        "passed_tests": _passed_tests(junit),
+        "passed_tests": [
+            c["name"]
+            for c in _cases(junit)
+            if c["outcome"] == "passed" and c["role"] == "proof"
+        ],
     }
 
 

@@ -1,0 +1,151 @@
+"""Run a test function in N worker processes (torch DDP, JAX multi-process).
+
+``run_workers("integration_tests.test_x:worker_fn", world_size=2)`` starts
+``python -m integration_tests.multiprocess`` once per rank. Each worker gets
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``
+(found by binding port 0 on 127.0.0.1), calls the function with
+``(rank, world_size)`` and writes its JSON-able return value to a file.
+
+Failure handling follows the MultiProcessTestCase rules: the first worker
+that exits non-zero, or the deadline, ends the run; every worker's whole
+process group is killed; the error names the worker, its exit status and
+the tail of its log. Waits are bounded; there is no sleep-based
+synchronization (workers meet in their framework's own rendezvous).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class WorkerError(AssertionError):
+    """A worker failed or the run timed out; the message says which/why."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free when asked (bind to port 0).
+
+    The rendezvous binds it right after; a lost race shows up as "address
+    already in use" in the worker log.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.wait()
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text().splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def run_workers(
+    target: str,
+    world_size: int = 2,
+    timeout: float = 300,
+    env: dict | None = None,
+) -> list:
+    """Runs ``target`` (``"module:function"``) on ``world_size`` ranks.
+
+    Args:
+        target: the function, called as ``fn(rank, world_size)`` in each
+            worker; it returns a JSON-serializable value.
+        world_size: number of worker processes.
+        timeout: seconds for the whole run (all workers).
+        env: extra environment variables for every worker.
+
+    Returns:
+        The return values, indexed by rank.
+
+    Raises:
+        WorkerError: a worker exited non-zero (named, with exit status and
+            log tail) or the run exceeded ``timeout``; all workers are
+            killed first.
+    """
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="workers.") as tmp:
+        tmp = Path(tmp)
+        procs = []
+        try:
+            for rank in range(world_size):
+                wenv = dict(os.environ, **(env or {}))
+                wenv.update(
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(world_size),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                    WORKER_RESULT=str(tmp / f"result-{rank}.json"),
+                )
+                log = open(tmp / f"worker-{rank}.log", "w")
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", __name__, target],
+                        env=wenv,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+                log.close()
+            deadline = time.monotonic() + timeout
+            pending = set(range(world_size))
+            while pending:
+                for rank in sorted(pending):
+                    try:
+                        code = procs[rank].wait(timeout=0.2)
+                    except subprocess.TimeoutExpired:
+                        continue
+                    pending.discard(rank)
+                    if code != 0:
+                        raise WorkerError(
+                            f"worker {rank}/{world_size} of {target} exited "
+                            f"with status {code}:\n"
+                            f"{_tail(tmp / f'worker-{rank}.log')}"
+                        )
+                if pending and time.monotonic() > deadline:
+                    raise WorkerError(
+                        f"workers {sorted(pending)} of {target} still running "
+                        f"after {timeout:.0f}s; killed. Last log lines of "
+                        f"worker {min(pending)}:\n"
+                        f"{_tail(tmp / f'worker-{min(pending)}.log')}"
+                    )
+        finally:
+            _kill(procs)
+        return [
+            json.loads((tmp / f"result-{r}.json").read_text())
+            for r in range(world_size)
+        ]
+
+
+def _main(target: str) -> None:
+    module, _, name = target.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    result = fn(rank, world)
+    Path(os.environ["WORKER_RESULT"]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

@@ -1,0 +1,20 @@
+"""Worker functions for tests/test_multiprocess.py (run in child processes)."""
+
+import os
+import threading
+
+
+def echo(rank, world_size):
+    return {"rank": rank, "world": world_size, "pid": os.getpid()}
+
+
+def crash_on_rank_1(rank, world_size):
+    if rank == 1:
+        raise RuntimeError("rank 1 broke on purpose")
+    threading.Event().wait()  # rank 0 would wait forever: must be killed
+
+
+def hang(rank, world_size):
+    with open(os.environ["PID_DIR"] + f"/{rank}", "w") as f:
+        f.write(str(os.getpid()))
+    threading.Event().wait()

@@ -1,0 +1,60 @@
+"""The multi-process harness: results, failures, timeouts, no orphans."""
+
+import os
+import time
+
+import pytest
+
+from integration_tests import multiprocess
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_results_come_back_by_rank():
+    out = multiprocess.run_workers("tests.mp_targets:echo", world_size=2)
+    assert [(r["rank"], r["world"]) for r in out] == [(0, 2), (1, 2)]
+    assert not any(_alive(r["pid"]) for r in out)
+
+
+def test_failing_worker_is_named_and_the_others_are_killed():
+    start = time.monotonic()
+    with pytest.raises(multiprocess.WorkerError) as e:
+        multiprocess.run_workers(
+            "tests.mp_targets:crash_on_rank_1", world_size=2, timeout=120
+        )
+    assert time.monotonic() - start < 60  # did not wait for the timeout
+    assert "worker 1/2" in str(e.value)
+    assert "status 1" in str(e.value)
+    assert "rank 1 broke on purpose" in str(e.value)
+
+
+def test_hanging_workers_time_out_and_leave_no_orphans(tmp_path):
+    with pytest.raises(multiprocess.WorkerError, match="still running"):
+        multiprocess.run_workers(
+            "tests.mp_targets:hang",
+            world_size=2,
+            timeout=5,
+            env={"PID_DIR": str(tmp_path)},
+        )
+    pids = [int(p.read_text()) for p in tmp_path.iterdir()]
+    assert len(pids) == 2
+    assert not any(_alive(p) for p in pids)
+
+
+def test_free_port_is_on_loopback_and_bindable():
+    import socket
+
+    port = multiprocess.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
