@@ -32,6 +32,11 @@ TOPOLOGIES = {
         "tf.distribute.MirroredStrategy over 2 logical CPUs (or 2 GPUs)",
     ),
     ("torch", "1"): (1, "one device"),
+    ("torch", "ddp-2"): (
+        2,
+        "2 worker processes, torch.distributed gloo rendezvous on 127.0.0.1 "
+        "(tests start them with integration_tests.multiprocess)",
+    ),
 }
 # The upstream-style unit tests a fix's patches add, run with Keras's own
 # test files on one device: stock runs only the added tests (they must fail),
