@@ -86,21 +86,26 @@ def _single_process(topology):
         pytest.skip("single-process test; ddp-2 runs the worker variant")
 
 
+def _per_replica(topology, fn):
+    """Runs ``fn`` where a training step runs: in the replica context under
+    a tf.distribute strategy (MirroredStrategy variables can only be read
+    there), else directly. Returns what ``fn`` returned (replica 0's)."""
+    if topology.strategy is None:
+        return fn()
+    results = []
+    topology.strategy.run(lambda: results.append(fn()))
+    return results[0]
+
+
 def test_gradient_step_without_training_warns_once(topology):
     """Two gradient steps without ``training``: exactly one warning."""
     _single_process(topology)
     x, y = _data()
     with topology.scope():
         model = _model()
-        if topology.strategy is not None:
-            found = []
-
-            def step():
-                found.extend(_grad_steps(model, x, y, steps=2))
-
-            topology.strategy.run(step)
-        else:
-            found = _grad_steps(model, x, y, steps=2)
+        found = _per_replica(
+            topology, lambda: _grad_steps(model, x, y, steps=2)
+        )
     assert len(found) == 1, [str(w.message) for w in found]
 
 
@@ -111,21 +116,29 @@ def test_explicit_training_is_silent(topology, training):
     x, y = _data()
     with topology.scope():
         model = _model()
-        assert _grad_steps(model, x, y, steps=2, training=training) == []
+        found = _per_replica(
+            topology,
+            lambda: _grad_steps(model, x, y, steps=2, training=training),
+        )
+    assert found == []
 
 
 @pytest.mark.fix("stateless-training", role="guard")
 def test_inference_outside_gradient_tracing_is_silent(topology):
     _single_process(topology)
     x, _ = _data()
-    with topology.scope():
-        model = _model()
+
+    def infer():
         tv = [v.value for v in model.trainable_variables]
         ntv = [v.value for v in model.non_trainable_variables]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model.stateless_call(tv, ntv, x)
-    assert [w for w in caught if _is_training_warning(w)] == []
+        return [w for w in caught if _is_training_warning(w)]
+
+    with topology.scope():
+        model = _model()
+        assert _per_replica(topology, infer) == []
 
 
 def ddp_worker(rank, world_size):
@@ -237,21 +250,24 @@ def test_data_parallel_loop_matches_one_device(topology):
 def test_threaded_seed_state_gives_new_dropout_masks(topology):
     """Documents the threading contract: with the returned state threaded,
     dropout masks differ between steps; re-using the initial state repeats
-    the same mask."""
+    the same mask. (The Dropout is seeded: on torch an unseeded Dropout
+    draws from the global torch RNG and ignores the seed state.)"""
     _single_process(topology)
     x = np.ones((GLOBAL_BATCH, 64), "float32")
-    with topology.scope():
-        model = keras.Sequential(
-            [keras.Input((64,)), keras.layers.Dropout(0.5)]
-        )
+
+    def three_calls():
         tv = [v.value for v in model.trainable_variables]
         ntv0 = [v.value for v in model.non_trainable_variables]
         out1, ntv1 = model.stateless_call(tv, ntv0, x, training=True)
         out2, _ = model.stateless_call(tv, ntv1, x, training=True)
         again, _ = model.stateless_call(tv, ntv0, x, training=True)
-    out1, out2, again = (
-        keras.ops.convert_to_numpy(o) for o in (out1, out2, again)
-    )
+        return [keras.ops.convert_to_numpy(o) for o in (out1, out2, again)]
+
+    with topology.scope():
+        model = keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dropout(0.5, seed=1337)]
+        )
+        out1, out2, again = _per_replica(topology, three_calls)
     keep = np.mean(out1 != 0)
     # 2048 Bernoulli(0.5) draws: the keep rate is 0.5 +- 0.011 (1 sigma).
     assert 0.4 < keep < 0.6
