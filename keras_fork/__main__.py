@@ -77,6 +77,17 @@ def cmd_check(args, layout: pins.Layout) -> int:
             status = 1
         else:
             print(f"{base.version}: re-export reproduces patches/ exactly")
+        if args.upstream_git:
+            failed = series.check_repo_only(layout, base, args.upstream_git)
+            for line in failed:
+                print(f"{base.version}: repo-only patch does not apply: {line}")
+            status = status or int(bool(failed))
+            if not failed:
+                n = len(series.read_repo_only(layout, base))
+                print(
+                    f"{base.version}: {n} repo-only patch(es) apply to "
+                    f"v{base.version} of {args.upstream_git}"
+                )
     return status
 
 
@@ -99,6 +110,12 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
     c = sub.add_parser("check", help="re-export must reproduce patches/")
     c.add_argument("--base", action="append")
+    c.add_argument(
+        "--upstream-git",
+        type=Path,
+        help="a keras-team/keras clone: also apply patches/<V>/repo-only "
+        "to its tag v<V>",
+    )
     c.set_defaults(func=cmd_check)
     prove.add_parser(sub).set_defaults(func=cmd_prove)
     return p

@@ -279,9 +279,7 @@ def _cases(path: Path) -> list[dict]:
         for tag in ("failure", "error", "skipped"):
             if case.find(tag) is not None:
                 outcome = tag
-        props = {
-            p.get("name"): p.get("value") for p in case.iter("property")
-        }
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
         cases.append(
             {
                 "name": case.get("name"),

@@ -115,18 +115,43 @@ def write(layout: Layout, base: Base, tree: Path) -> Path:
     dest = pr_series_dir(layout, base)
     dest.parent.mkdir(parents=True, exist_ok=True)
     infos = [series.parse_patch(p) for p in series.read_series(layout, base)]
+    repo_only = series.read_repo_only(layout, base)
     cells = proof_cells(layout)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pr.") as tmp:
         staged = Path(tmp) / "series"
         staged.mkdir()
         if infos:  # an empty series has nothing to send, not even a cover
             files = series.format_patch(tree, staged, PR_FLAGS)
+            total = len(infos) + len(repo_only)
+            for i, patch in enumerate(repo_only, start=len(infos) + 1):
+                f = staged / f"{i:04d}-{patch.name}"
+                f.write_text(
+                    patch.read_text().replace(
+                        "\nSubject: ", f"\nSubject: [PATCH {i}/{total}] ", 1
+                    )
+                )
+                files.append(f)
+            infos += [series.parse_patch(p) for p in repo_only]
             cover, patches = files[0], files[1:]
             for f, info in zip(patches, infos, strict=True):
-                f.write_text(series.strip_fork_trailers(f.read_text()))
+                text = re.sub(
+                    r"^(Subject: \[PATCH \d+)/\d+\]",
+                    rf"\1/{total}]",
+                    f.read_text(),
+                    count=1,
+                    flags=re.M,
+                )
+                f.write_text(series.strip_fork_trailers(text))
                 body = render_pr_body(info, base, cells)
                 f.with_suffix(".md").write_text(body)
-            cover.write_text(_cover(cover.read_text(), base, infos))
+            cover.write_text(
+                re.sub(
+                    r"\[PATCH 0/\d+\]",
+                    f"[PATCH 0/{total}]",
+                    _cover(cover.read_text(), base, infos),
+                    count=1,
+                )
+            )
         old = Path(tmp) / "old"
         if dest.exists():
             dest.rename(old)

@@ -29,6 +29,7 @@ from keras_fork.pins import Base
 from keras_fork.pins import Layout
 
 ORDER_FILE = ".patches"
+REPO_ONLY = "repo-only"
 PRISTINE_TAG = "pristine"
 # Trailers that describe the patch for the fork only (DEP-3 style); they are
 # removed from the PR series.
@@ -173,19 +174,20 @@ def series_dir(layout: Layout, base: Base) -> Path:
     return layout.patches / base.version
 
 
-def read_series(layout: Layout, base: Base) -> list[Path]:
-    """The patch files of ``base`` in the order of ``.patches``.
+def _read_order(folder: Path, missing_ok: bool) -> list[Path]:
+    """The ``*.patch`` files of ``folder`` in the order of its ``.patches``.
 
     Raises:
-        ForkError: no series folder or order file; a listed patch is missing;
-            a ``.patch`` file in the folder is not listed.
+        ForkError: no order file (unless ``missing_ok``); a listed patch is
+            missing; a ``.patch`` file in the folder is not listed.
     """
-    folder = series_dir(layout, base)
     order = folder / ORDER_FILE
     if not order.is_file():
+        if missing_ok:
+            return []
         raise ForkError(
-            f"base {base.version} has no series: create {order} (one patch "
-            "file name a line; it may be empty)"
+            f"no series: create {order} (one patch file name a line; it may "
+            "be empty)"
         )
     names = [
         ln.strip()
@@ -201,6 +203,59 @@ def read_series(layout: Layout, base: Base) -> list[Path]:
     if unlisted:
         raise ForkError(f"{folder} has patches not in {ORDER_FILE}: {unlisted}")
     return [folder / n for n in names]
+
+
+def read_series(layout: Layout, base: Base) -> list[Path]:
+    """The patch files of ``base`` in the order of ``.patches``: the series
+    that is applied to the sdist tree and built into the wheel.
+
+    Raises:
+        ForkError: see ``_read_order``; the message names the base.
+    """
+    try:
+        return _read_order(series_dir(layout, base), missing_ok=False)
+    except ForkError as e:
+        raise ForkError(f"base {base.version}: {e}") from None
+
+
+def read_repo_only(layout: Layout, base: Base) -> list[Path]:
+    """Patches to upstream files that are not in the sdist (e.g.
+    ``examples/``), kept in ``patches/<version>/repo-only/``.
+
+    They are sent upstream with the PR series but never applied to the
+    materialized tree nor built into the wheel; ``check_repo_only`` checks
+    them against an upstream git checkout.
+    """
+    return _read_order(series_dir(layout, base) / REPO_ONLY, missing_ok=True)
+
+
+def check_repo_only(
+    layout: Layout, base: Base, upstream: Path, rev: str | None = None
+) -> list[str]:
+    """Applies the repo-only patches, in order, to a scratch worktree of
+    ``upstream`` (a git clone of keras-team/keras, bare or not) at ``rev``
+    (default: the base's tag ``v<version>``).
+
+    Returns:
+        ``"<patch>: <git's error>"`` for each patch that does not apply.
+    """
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "upstream"
+        rev = rev or f"v{base.version}"
+        git(upstream, "worktree", "add", "-q", "--detach", str(work), rev)
+        try:
+            for patch in read_repo_only(layout, base):
+                proc = subprocess.run(
+                    ["git", "-C", str(work), "apply", str(patch.resolve())],
+                    capture_output=True,
+                    text=True,
+                )
+                if proc.returncode != 0:
+                    failures.append(f"{patch.name}: {proc.stderr.strip()}")
+        finally:
+            git(upstream, "worktree", "remove", "--force", str(work))
+    return failures
 
 
 def _failing_file(output: str) -> str:

@@ -306,3 +306,67 @@ def test_build_cli_failing_patch_leaves_no_wheel_or_series(upstream):
     assert list(layout.dist.glob("*.whl")) == []
     assert not prseries.pr_series_dir(layout, base).exists()
     assert not layout.tree(base.version).exists()
+
+
+def _repo_only_patch(layout, base, tmp_path):
+    """A fake upstream git repo (tag v9.9.9) with examples/demo.py, which the
+    sdist lacks, and a repo-only patch for it in patches/9.9.9/repo-only."""
+    upstream = tmp_path / "upstream-git"
+    (upstream / "examples").mkdir(parents=True)
+    (upstream / "examples/demo.py").write_text("step(training=None)\n")
+    env = series.git_env(fake.EPOCH)
+    series.git(upstream, "init", "-q", env=env)
+    series.git(upstream, "add", "-A", env=env)
+    series.git(upstream, "commit", "-qm", "upstream", env=env)
+    series.git(upstream, "tag", f"v{fake.VERSION}", env=env)
+    series.git(upstream, "tag", series.PRISTINE_TAG, env=env)
+    (upstream / "examples/demo.py").write_text("step(training=True)\n")
+    series.git(
+        upstream, "commit", "-qam",
+        "Fix the demo\n\nFixes keras-team/keras#2\n\nFork-Fix: reverse",
+        env=env,
+    )  # fmt: skip
+    folder = series.series_dir(layout, base) / series.REPO_ONLY
+    folder.mkdir()
+    (made,) = series.format_patch(upstream, folder)
+    name = re.sub(r"^\d{4}-", "", made.name)
+    made.rename(folder / name)
+    (folder / ".patches").write_text(name + "\n")
+    series.git(upstream, "reset", "-q", "--hard", "HEAD~1", env=env)
+    return upstream, name
+
+
+def test_repo_only_patches_join_the_pr_series_but_not_the_wheel(
+    upstream, tmp_path
+):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    _add_fix(layout, base, tree)
+    repo, name = _repo_only_patch(layout, base, tmp_path)
+    tree = series.materialize(layout, base)  # the repo-only patch is skipped
+    assert not (tree / "examples").exists()
+    assert series.check(layout, base, tree) == []
+    out = prseries.write(layout, base, tree)
+    patches = sorted(p.name for p in out.glob("*.patch"))
+    assert patches[2] == f"0002-{name}"
+    text = (out / patches[2]).read_text()
+    assert "Subject: [PATCH 2/2] Fix the demo" in text
+    assert "Fork-Fix" not in text
+    assert "[PATCH 1/2]" in (out / patches[1]).read_text()
+    assert "[PATCH 0/2]" in (out / patches[0]).read_text()
+    whl = wheel.build(layout, base, tree)
+    with zipfile.ZipFile(whl) as z:
+        manifest = json.loads(
+            z.read("keras-9.9.9+fork.1.dist-info/FORK_PATCHES.json")
+        )
+    assert [p["name"] for p in manifest["patches"]] == [
+        "Reverse-the-order.patch"
+    ]
+    assert series.check_repo_only(layout, base, repo) == []
+    # Upstream moved on and the patch no longer applies: named.
+    (repo / "examples/demo.py").write_text("other()\n")
+    env = series.git_env(fake.EPOCH)
+    series.git(repo, "commit", "-qam", "move", env=env)
+    series.git(repo, "tag", "-f", f"v{fake.VERSION}", env=env)
+    (failure,) = series.check_repo_only(layout, base, repo)
+    assert failure.startswith(name) and "examples/demo.py" in failure
