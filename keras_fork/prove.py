@@ -411,7 +411,7 @@ def _load_previous(path: Path) -> dict:
     }
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -435,15 +435,19 @@ def render_table(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(readme: Path, table: str, device: str) -> None:
-    """Replaces the README's proof table (between the marker comments)."""
-    text = readme.read_text()
-    head, sep1, rest = text.partition(README_BEGIN)
-    _, sep2, tail = rest.partition(README_END)
+def replace_between(path: Path, begin: str, end: str, body: str) -> None:
+    """Replaces the text between the marker lines ``begin`` and ``end`` of
+    ``path`` (e.g. the README's proof table), atomically.
+
+    Raises:
+        ForkError: a marker is missing.
+    """
+    text = path.read_text()
+    head, sep1, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not (sep1 and sep2):
-        raise ForkError(f"{readme} lacks the {README_BEGIN} markers")
-    body = f"\n_Measured on {device}._\n\n{table}"
-    _write_atomic(readme, head + README_BEGIN + body + README_END + tail)
+        raise ForkError(f"{path} lacks the {begin} ... {end} markers")
+    write_atomic(path, head + begin + "\n" + body + end + tail)
 
 
 def main(args, layout: pins.Layout) -> int:
@@ -541,9 +545,9 @@ def main(args, layout: pins.Layout) -> int:
             results[cell.key] = row
     known = {c.key for c in load_matrix()}
     rows = [r for k, r in sorted(results.items()) if k in known]
-    _write_atomic(proof_json, json.dumps({"cells": rows}, indent=2) + "\n")
+    write_atomic(proof_json, json.dumps({"cells": rows}, indent=2) + "\n")
     table = render_table(rows)
-    _write_atomic(layout.dist / "proof.md", "# Proof matrix\n\n" + table)
+    write_atomic(layout.dist / "proof.md", "# Proof matrix\n\n" + table)
     from rich.table import Table
 
     t = Table(title="proof matrix (dist/proof.json)")
@@ -559,7 +563,12 @@ def main(args, layout: pins.Layout) -> int:
     Console(highlight=False).print(t)
     if args.readme:
         device = "GPU" if accelerator == "gpu" else "CPU"
-        update_readme(layout.dist.parent / "README.md", table, device)
+        replace_between(
+            layout.dist.parent / "README.md",
+            README_BEGIN,
+            README_END,
+            f"_Measured on {device}._\n\n{table}",
+        )
     # Refresh the PR bodies with the new proof rows.
     from keras_fork import prseries
 

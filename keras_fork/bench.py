@@ -1,0 +1,181 @@
+"""Benchmarks: fork vs stock, measured in the same run (never a timed test).
+
+Each case runs ``keras_fork.bench_worker`` in a fresh process per variant,
+alternating stock and fork (ABBA order across rounds, so drift of the machine
+hits both), and reports medians and the fork/stock ratio with its spread
+(min and max of the per-round ratios). Results: ``dist/bench.json`` and a
+table (``--readme`` puts it in README.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+from integration_tests import topologies
+from keras_fork import pins
+from keras_fork import prove
+from keras_fork.errors import ForkError
+
+README_BEGIN = "<!-- bench-table:begin -->"
+README_END = "<!-- bench-table:end -->"
+
+# (case, workload, backend, topology, options)
+CASES = [
+    ("shuffle epoch, 10M samples", "shuffle", "jax", "1",
+     {"samples": 10_000_000, "batch_size": 1024, "epochs": 3}),
+    ("stateless_call, small MLP", "stateless_call", "jax", "1",
+     {"calls": 200, "repeats": 3}),
+    ("stateless_call, small MLP", "stateless_call", "tensorflow", "1",
+     {"calls": 200, "repeats": 3}),
+    ("stateless_call, small MLP", "stateless_call", "torch", "1",
+     {"calls": 200, "repeats": 3}),
+    ("fit step, small MLP", "fit_step", "jax", "1",
+     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+    ("fit step, small MLP", "fit_step", "jax", "8",
+     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+    ("fit step, small MLP", "fit_step", "tensorflow", "1",
+     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+    ("fit step, small MLP", "fit_step", "tensorflow", "mirrored-2",
+     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+    ("fit step, small MLP", "fit_step", "torch", "1",
+     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+]  # fmt: skip
+
+
+def _measure(variant_dir, workload, backend, topology, opts, accelerator):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
+    env.pop("XLA_FLAGS", None)
+    env.update(topologies.env_for(backend, topology, accelerator))
+    env["PYTHONPATH"] = os.pathsep.join([str(variant_dir), str(pins.REPO_ROOT)])
+    proc = subprocess.run(
+        [sys.executable, "-m", "keras_fork.bench_worker", workload,
+         json.dumps(opts)],
+        env=env, capture_output=True, text=True, cwd=pins.REPO_ROOT,
+        timeout=900,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise ForkError(
+            f"benchmark {workload} ({backend}/{topology}) failed:\n"
+            f"{proc.stderr[-2000:]}"
+        )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return statistics.median(result["seconds"]), result["peak_mib"]
+
+
+def run(layout, base, rounds, accelerator, cases, console):
+    """Measures every case; returns the ``dist/bench.json`` document."""
+    dirs = prove.install_variants(layout, base)
+    rows = []
+    for case, workload, backend, topology, opts in cases:
+        times = {"stock": [], "fork": []}
+        peaks = {"stock": [], "fork": []}
+        for r in range(rounds):
+            order = ("stock", "fork") if r % 2 == 0 else ("fork", "stock")
+            for variant in order:
+                t, peak = _measure(
+                    dirs[variant], workload, backend, topology, opts,
+                    accelerator,
+                )  # fmt: skip
+                times[variant].append(t)
+                peaks[variant].append(peak)
+        ratios = [f / s for f, s in zip(times["fork"], times["stock"])]
+        row = {
+            "case": case,
+            "backend": backend,
+            "topology": topology,
+            "stock_median_s": statistics.median(times["stock"]),
+            "fork_median_s": statistics.median(times["fork"]),
+            "ratio": statistics.median(times["fork"])
+            / statistics.median(times["stock"]),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "stock_peak_mib": max(peaks["stock"]),
+            "fork_peak_mib": max(peaks["fork"]),
+        }
+        spread = f"{row['ratio_min']:.3f}..{row['ratio_max']:.3f}"
+        console.print(
+            f"{case} [{backend}/{topology}]: fork/stock {row['ratio']:.3f} "
+            f"({spread})"
+        )
+        rows.append(row)
+    return {
+        "base": base.version,
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"{accelerator.upper()}",
+        "rounds": rounds,
+        "cases": rows,
+    }
+
+
+def render_table(doc) -> str:
+    lines = [
+        f"_keras {doc['base']}, {doc['machine']}, {doc['date']}, "
+        f"{doc['rounds']} alternating rounds; ratio = fork/stock of medians "
+        "(min..max of per-round ratios)._",
+        "",
+        "| case | backend | topology | stock | fork | ratio | peak MiB "
+        "stock/fork |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["cases"]:
+        lines.append(
+            f"| {r['case']} | {r['backend']} | {r['topology']} | "
+            f"{r['stock_median_s'] * 1e3:.3f} ms | "
+            f"{r['fork_median_s'] * 1e3:.3f} ms | {r['ratio']:.3f} "
+            f"({r['ratio_min']:.2f}..{r['ratio_max']:.2f}) | "
+            f"{r['stock_peak_mib']:.0f}/{r['fork_peak_mib']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from rich.console import Console
+
+    p = argparse.ArgumentParser(prog="scripts/bench")
+    p.add_argument("--base", default=None, help="base version (default: all)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--case", action="append", help="substring of case names")
+    p.add_argument(
+        "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"
+    )
+    p.add_argument("--readme", action="store_true")
+    args = p.parse_args(argv)
+    layout = pins.Layout.default()
+    console = Console(stderr=True, highlight=False)
+    accelerator = args.accelerator
+    if accelerator == "auto":
+        accelerator = prove.detect_accelerator()
+    cases = [
+        c for c in CASES if not args.case or any(s in c[0] for s in args.case)
+    ]
+    try:
+        bases = pins.select_bases(layout, [args.base] if args.base else None)
+        docs = [
+            run(layout, b, args.rounds, accelerator, cases, console)
+            for b in bases
+        ]
+    except ForkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps({"runs": docs}, indent=2) + "\n"
+    prove.write_atomic(layout.dist / "bench.json", text)
+    table = "\n".join(render_table(d) for d in docs)
+    print(table)
+    if args.readme:
+        prove.replace_between(
+            layout.dist.parent / "README.md", README_BEGIN, README_END, table
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
