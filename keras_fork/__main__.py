@@ -34,6 +34,13 @@ def cmd_build(args, layout: pins.Layout) -> int:
     if args.sdist and len(bases) != 1:
         raise ForkError("--sdist needs exactly one --base")
     console = _console()
+    # Scratch folders of a build that was killed (no cleanup ran).
+    for scratch in [
+        *layout.build.glob(".wheel.*"),
+        *layout.build.glob("trees/.*"),
+        *layout.dist.glob("pr-series/.pr.*"),
+    ]:
+        shutil.rmtree(scratch, ignore_errors=True)
     for base in bases:
         # Outputs of an earlier build must not survive a failed one.
         (layout.dist / base.wheel_name).unlink(missing_ok=True)
