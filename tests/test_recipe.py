@@ -370,3 +370,18 @@ def test_repo_only_patches_join_the_pr_series_but_not_the_wheel(
     series.git(repo, "tag", "-f", f"v{fake.VERSION}", env=env)
     (failure,) = series.check_repo_only(layout, base, repo)
     assert failure.startswith(name) and "examples/demo.py" in failure
+
+
+def test_status_classifies_patches_by_content(upstream, tmp_path):
+    from keras_fork import status
+
+    layout, base, archive = upstream
+    tree = series.materialize(layout, base)
+    (name,) = _add_fix(layout, base, tree)
+    patch = series.series_dir(layout, base) / name
+    pristine = tmp_path / "pristine"
+    sdist.unpack(archive, base.version, pristine)
+    assert status.classify(pristine, patch) == "applies"
+    assert status.classify(tree, patch) == "upstream"  # already has it
+    (pristine / "keras/src/shuffle.py").write_text("def other():\n    pass\n")
+    assert status.classify(pristine, patch) == "conflict"
