@@ -364,6 +364,9 @@ def export(tree: Path, out: Path) -> list[str]:
         old = Path(tmp) / "old"
         if out.exists():
             out.rename(old)
+            # Repo-only patches are not in the tree: carry them over.
+            if (old / REPO_ONLY).is_dir():
+                (old / REPO_ONLY).rename(staged / REPO_ONLY)
         staged.rename(out)
     return names
 

@@ -346,6 +346,8 @@ def test_repo_only_patches_join_the_pr_series_but_not_the_wheel(
     tree = series.materialize(layout, base)  # the repo-only patch is skipped
     assert not (tree / "examples").exists()
     assert series.check(layout, base, tree) == []
+    series.export(tree, series.series_dir(layout, base))  # keeps repo-only
+    assert [p.name for p in series.read_repo_only(layout, base)] == [name]
     out = prseries.write(layout, base, tree)
     patches = sorted(p.name for p in out.glob("*.patch"))
     assert patches[2] == f"0002-{name}"
