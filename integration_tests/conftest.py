@@ -1,7 +1,8 @@
 """Harness of the proof suite.
 
 Every test is marked ``@pytest.mark.fix("<fix id>")`` (ids in
-``matrix.toml``), optionally with ``role="guard"``: a proof test (the default)
+``matrix.toml``), optionally with ``role="guard"`` (or ``guard_on=(backends)``
+for a guard on those backends only): a proof test (the default)
 must fail on stock where its cell is ``proven``; a guard test documents
 behavior that stock already has and must pass on both. The runner starts one
 pytest process per cell and variant
@@ -50,6 +51,12 @@ ROLES = ("proof", "guard")
 def _role_of(item) -> str:
     marker = item.get_closest_marker("fix")
     role = marker.kwargs.get("role", "proof") if marker else "proof"
+    # A test that proves a defect on some backends only is a guard on the
+    # others (`guard_on=("jax",)`): stock is already right there.
+    if marker and os.environ.get("KERAS_BACKEND") in marker.kwargs.get(
+        "guard_on", ()
+    ):
+        role = "guard"
     if role not in ROLES:
         raise pytest.UsageError(f"{item.nodeid}: role {role!r} not in {ROLES}")
     return role
