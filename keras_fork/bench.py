@@ -100,7 +100,7 @@ def run(layout, base, rounds, accelerator, cases, console):
         }
         spread = f"{row['ratio_min']:.3f}..{row['ratio_max']:.3f}"
         console.print(
-            f"{case} [{backend}/{topology}]: fork/stock {row['ratio']:.3f} "
+            f"{case} ({backend}/{topology}): fork/stock {row['ratio']:.3f} "
             f"({spread})"
         )
         rows.append(row)

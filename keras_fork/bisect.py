@@ -96,7 +96,7 @@ def check_prefix(layout, base, k, backends, console) -> list[str]:
                 env=env, cwd=work, capture_output=True, text=True,
             )  # fmt: skip
             last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
-            console.print(f"  prefix {k} [{backend}]: {last}")
+            console.print(f"  prefix {k} ({backend}): {last}")
             if proc.returncode != 0:
                 failures.append(f"{backend}: {last}")
         return failures

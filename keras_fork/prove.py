@@ -508,7 +508,7 @@ def main(args, layout: pins.Layout) -> int:
                             row["runs"][variant] = old["runs"][variant]
                         continue
                     progress.update(
-                        task, description=f"{cell.slug} [{variant}]"
+                        task, description=f"{cell.slug} ({variant})"
                     )
                     base = bases[cell.base]
                     version = (
