@@ -8,6 +8,7 @@ warns once per model (proof tests); the guard tests document what a correct
 loop gets, and what a loop that does not thread the state gets.
 """
 
+import contextlib
 import warnings
 
 import keras
@@ -123,6 +124,16 @@ def test_explicit_training_is_silent(topology, training):
     assert found == []
 
 
+def _no_autograd():
+    """Outside gradient tracing. On torch that needs ``torch.no_grad()``:
+    trainable values require grad, so autograd records any eager call."""
+    if BACKEND == "torch":
+        import torch
+
+        return torch.no_grad()
+    return contextlib.nullcontext()
+
+
 @pytest.mark.fix("stateless-training", role="guard")
 def test_inference_outside_gradient_tracing_is_silent(topology):
     _single_process(topology)
@@ -133,7 +144,8 @@ def test_inference_outside_gradient_tracing_is_silent(topology):
         ntv = [v.value for v in model.non_trainable_variables]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model.stateless_call(tv, ntv, x)
+            with _no_autograd():
+                model.stateless_call(tv, ntv, x)
         return [w for w in caught if _is_training_warning(w)]
 
     with topology.scope():
