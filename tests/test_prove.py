@@ -100,3 +100,12 @@ def test_table_shows_na_reasons():
         ]
     )  # fmt: skip
     assert "| - | - | n/a (why not) |" in table
+
+
+def test_readme_has_the_generated_table_markers():
+    from keras_fork import bench
+
+    text = (pins.REPO_ROOT / "README.md").read_text()
+    for marker in (prove.README_BEGIN, prove.README_END, bench.README_BEGIN,
+                   bench.README_END):  # fmt: skip
+        assert text.count(marker) == 1, marker
