@@ -3,7 +3,9 @@
 ``run_workers("integration_tests.test_x:worker_fn", world_size=2)`` starts
 ``python -m integration_tests.multiprocess`` once per rank. Each worker gets
 ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``
-(found by binding port 0 on 127.0.0.1), calls the function with
+(found by binding port 0 on 127.0.0.1), plus ``WORKER_PORTS`` (one free port
+per rank, for rendezvous that address every worker, like TensorFlow's
+``TF_CONFIG``: see ``tf_config``), calls the function with
 ``(rank, world_size)`` and writes its JSON-able return value to a file.
 
 Failure handling follows the MultiProcessTestCase rules: the first worker
@@ -84,6 +86,7 @@ def run_workers(
             killed first.
     """
     port = free_port()
+    worker_ports = ",".join(str(free_port()) for _ in range(world_size))
     with tempfile.TemporaryDirectory(prefix="workers.") as tmp:
         tmp = Path(tmp)
         procs = []
@@ -96,6 +99,7 @@ def run_workers(
                     WORLD_SIZE=str(world_size),
                     MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port),
+                    WORKER_PORTS=worker_ports,
                     WORKER_RESULT=str(tmp / f"result-{rank}.json"),
                 )
                 log = open(tmp / f"worker-{rank}.log", "w")
@@ -137,6 +141,23 @@ def run_workers(
             json.loads((tmp / f"result-{r}.json").read_text())
             for r in range(world_size)
         ]
+
+
+def tf_config(rank: int) -> str:
+    """``TF_CONFIG`` JSON for worker ``rank`` of a ``run_workers`` job.
+
+    A ``tf.distribute.MultiWorkerMirroredStrategy`` cluster of
+    ``WORLD_SIZE`` workers on 127.0.0.1, one port each (``WORKER_PORTS``).
+    Set it as ``os.environ["TF_CONFIG"]`` before the strategy is created.
+    Source: https://www.tensorflow.org/guide/distributed_training#TF_CONFIG
+    """
+    ports = os.environ["WORKER_PORTS"].split(",")
+    return json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+            "task": {"type": "worker", "index": rank},
+        }
+    )
 
 
 def _main(target: str) -> None:

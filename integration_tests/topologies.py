@@ -31,6 +31,16 @@ TOPOLOGIES = {
         2,
         "tf.distribute.MirroredStrategy over 2 logical CPUs (or 2 GPUs)",
     ),
+    ("tensorflow", "mirrored-4"): (
+        4,
+        "tf.distribute.MirroredStrategy over 4 logical CPUs (or 4 GPUs)",
+    ),
+    ("tensorflow", "multiworker-2"): (
+        2,
+        "2 worker processes, tf.distribute.MultiWorkerMirroredStrategy with "
+        "TF_CONFIG on 127.0.0.1 (tests start them with "
+        "integration_tests.multiprocess; the test process itself is 1 device)",
+    ),
     ("torch", "1"): (1, "one device"),
     ("torch", "ddp-2"): (
         2,
@@ -119,6 +129,24 @@ def _jax_data_parallel():
         distribution.set_distribution(previous)
 
 
+def multi_worker_strategy(rank: int):
+    """In a ``multiworker-2`` worker: TF_CONFIG for ``rank``, the strategy.
+
+    Call first thing in a worker started by
+    ``multiprocess.run_workers`` (before any TensorFlow op). Collectives
+    run over gRPC on 127.0.0.1, on CPU (or the worker's GPU).
+
+    Returns:
+        A ``tf.distribute.MultiWorkerMirroredStrategy`` over all workers.
+    """
+    from integration_tests import multiprocess
+
+    os.environ["TF_CONFIG"] = multiprocess.tf_config(rank)
+    import tensorflow as tf
+
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
 _CURRENT = None
 
 
@@ -151,7 +179,7 @@ def current() -> Topology:
                 "XLA_FLAGS must be set before jax starts"
             )
         replicas = len(devices) if replicas > 1 else 1
-    elif backend == "tensorflow" and replicas > 1:
+    elif backend == "tensorflow" and name.startswith("mirrored-"):
         import tensorflow as tf
 
         if gpu:

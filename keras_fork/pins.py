@@ -76,6 +76,34 @@ class Base:
         accepts it."""
         return f"{self.version}+fork.{self.fork_build}"
 
+    def overlay_names(self) -> set[str]:
+        """Normalized project names the test overlay pins (PEP 503)."""
+        return {_project_name(pin) for pin in self.test_overlay}
+
+    def test_constraints(self, constraints: str) -> str:
+        """``constraints.txt`` text with this base's overlay applied.
+
+        Args:
+            constraints: the text of the repository's constraints file.
+
+        Returns:
+            The same lines, minus the pins of every project the overlay
+            names, plus the overlay pins (a venv for this base's tests is
+            built with ``pip install -c`` on it).
+        """
+        names = self.overlay_names()
+        kept = [
+            line
+            for line in constraints.splitlines()
+            if not line.strip()
+            or line.lstrip().startswith("#")
+            or _project_name(line) not in names
+        ]
+        if self.test_overlay:
+            kept.append(f"# test_overlay of base {self.version}")
+            kept.extend(self.test_overlay)
+        return "\n".join(kept) + "\n"
+
     @property
     def sdist_name(self) -> str:
         return f"keras-{self.version}.tar.gz"
@@ -83,6 +111,12 @@ class Base:
     @property
     def wheel_name(self) -> str:
         return f"keras-{self.fork_version}-py3-none-any.whl"
+
+
+def _project_name(requirement: str) -> str:
+    """``"JAX_lib==0.4.38"`` -> ``"jax-lib"`` (PEP 503 normalization)."""
+    name = re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def load_bases(layout: Layout) -> dict[str, Base]:
@@ -115,7 +149,15 @@ def load_bases(layout: Layout) -> dict[str, Base]:
                 f"{layout.pins}: base {version}: fork_build must be an "
                 f"integer >= 1, got {build!r}"
             )
-        overlay = tuple(table.get("test_overlay", ()))
+        overlay = table.get("test_overlay", [])
+        if not isinstance(overlay, list) or not all(
+            isinstance(pin, str) and "==" in pin for pin in overlay
+        ):
+            raise ForkError(
+                f"{layout.pins}: base {version}: test_overlay must be a list "
+                f'of exact pins like "jax==0.4.38", got {overlay!r}'
+            )
+        overlay = tuple(overlay)
         bases[version] = Base(version, sha, build, overlay)
     if not bases:
         raise ForkError(f"pins file {layout.pins} declares no base")

@@ -20,6 +20,7 @@ Verdicts (the contract of ``dist/proof.json``):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -223,36 +224,69 @@ def install_variants(layout: pins.Layout, base: pins.Base) -> dict[str, Path]:
         "stock": sdist_lib.fetch(layout, base),
         "fork": whl,
     }
-    out = {}
-    for variant, source in sources.items():
-        dest = layout.variant(base.version, variant)
-        stamp = dest / ".source-sha256"
-        digest = sdist_lib.sha256_of(source)
-        if stamp.is_file() and stamp.read_text() == digest:
-            out[variant] = dest
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{variant}."))
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                 "--no-build-isolation", "--disable-pip-version-check",
-                 "--target", str(tmp), str(source)],
-                capture_output=True, text=True,
-            )  # fmt: skip
-            if proc.returncode != 0:
-                raise ForkError(
-                    f"installing {variant} keras {base.version} failed:\n"
-                    f"{proc.stderr[-2000:]}"
-                )
-            (tmp / ".source-sha256").write_text(digest)
-            if dest.exists():
-                shutil.rmtree(dest)
-            tmp.rename(dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        out[variant] = dest
-    return out
+    return {
+        variant: _pip_target(
+            layout.variant(base.version, variant),
+            [str(source)],
+            sdist_lib.sha256_of(source),
+            f"{variant} keras {base.version}",
+        )
+        for variant, source in sources.items()
+    }
+
+
+def install_overlay(layout: pins.Layout, base: pins.Base) -> Path | None:
+    """Installs ``base.test_overlay`` (e.g. an older jax) for its cells.
+
+    The pins go, without their dependencies, into
+    ``build/variants/<V>/overlay``, which the cells of that base put on
+    ``PYTHONPATH`` after keras and before the venv, so they shadow the
+    venv's newer versions of the same projects.
+
+    Returns:
+        The folder, or None when the base declares no overlay.
+
+    Raises:
+        ForkError: pip could not install a pin.
+    """
+    if not base.test_overlay:
+        return None
+    pins_text = "\n".join(sorted(base.test_overlay))
+    return _pip_target(
+        layout.variant(base.version, "overlay"),
+        list(base.test_overlay),
+        hashlib.sha256(pins_text.encode()).hexdigest(),
+        f"test overlay of {base.version}",
+    )
+
+
+def _pip_target(dest: Path, sources: list[str], digest: str, what: str):
+    """``pip install --no-deps --target dest`` unless already there.
+
+    A stamp file holds ``digest`` (of what was installed); the install goes
+    to a temporary sibling that replaces ``dest`` only when complete.
+    """
+    stamp = dest / ".source-sha256"
+    if stamp.is_file() and stamp.read_text() == digest:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+             "--no-build-isolation", "--disable-pip-version-check",
+             "--target", str(tmp), *sources],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise ForkError(f"installing {what} failed:\n{proc.stderr[-2000:]}")
+        (tmp / ".source-sha256").write_text(digest)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
 
 
 def _junit_counts(path: Path) -> dict:
@@ -314,11 +348,14 @@ def run_variant(
     accelerator: str,
     timeout: float,
     unit: UnitTests | None = None,
+    overlay: Path | None = None,
 ) -> dict:
     """Runs one variant of one cell in a fresh pytest process.
 
     For a ``unit`` cell, ``unit`` names the tests: the stock run selects
-    only the added tests, the fork run every touched test file.
+    only the added tests, the fork run every touched test file. ``overlay``
+    (the base's test overlay, see ``install_overlay``) follows keras on
+    ``PYTHONPATH``.
 
     Returns:
         ``{"outcome": "pass"|"fail"|"error", "detail": str,
@@ -331,7 +368,9 @@ def run_variant(
     env.pop("XLA_FLAGS", None)
     env.update(topologies.env_for(cell.backend, cell.topology, accelerator))
     env.update(
-        PYTHONPATH=os.pathsep.join([str(keras_dir), str(pins.REPO_ROOT)]),
+        PYTHONPATH=os.pathsep.join(
+            str(p) for p in (keras_dir, overlay, pins.REPO_ROOT) if p
+        ),
         PROOF_FIX=cell.fix,
         PROOF_BASE=cell.base,
         PROOF_VARIANT=variant,
@@ -469,6 +508,7 @@ def main(args, layout: pins.Layout) -> int:
     installed = {
         v: install_variants(layout, b) for v, b in bases.items()
     }  # base -> {variant: dir}
+    overlays = {v: install_overlay(layout, b) for v, b in bases.items()}
     proof_json = layout.dist / "proof.json"
     previous = _load_previous(proof_json)
     results = dict(previous)
@@ -524,6 +564,7 @@ def main(args, layout: pins.Layout) -> int:
                         accelerator,
                         args.timeout,
                         unit,
+                        overlays[cell.base],
                     )
                     row[variant] = run["outcome"]
                     row["runs"][variant] = run

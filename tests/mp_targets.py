@@ -18,3 +18,9 @@ def hang(rank, world_size):
     with open(os.environ["PID_DIR"] + f"/{rank}", "w") as f:
         f.write(str(os.getpid()))
     threading.Event().wait()
+
+
+def tf_config(rank, world_size):
+    from integration_tests import multiprocess
+
+    return multiprocess.tf_config(rank)

@@ -1,5 +1,6 @@
 """The multi-process harness: results, failures, timeouts, no orphans."""
 
+import json
 import os
 import time
 
@@ -58,3 +59,18 @@ def test_free_port_is_on_loopback_and_bindable():
     port = multiprocess.free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_tf_config_names_every_worker_on_loopback_with_its_own_port():
+    configs = [
+        json.loads(c)
+        for c in multiprocess.run_workers(
+            "tests.mp_targets:tf_config", world_size=3, timeout=60
+        )
+    ]
+    workers = configs[0]["cluster"]["worker"]
+    assert len(workers) == 3 and len(set(workers)) == 3
+    assert all(w.startswith("127.0.0.1:") for w in workers)
+    for rank, config in enumerate(configs):
+        assert config["cluster"]["worker"] == workers
+        assert config["task"] == {"type": "worker", "index": rank}

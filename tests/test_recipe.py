@@ -65,6 +65,28 @@ def test_real_pins_are_valid():
     assert bases["3.15.1"].wheel_name == "keras-3.15.1+fork.1-py3-none-any.whl"
 
 
+def test_test_overlay_replaces_the_pins_it_names():
+    base = pins.Base("3.7.0", "0" * 64, 1, ("JAX==0.4.38", "jaxlib==0.4.38"))
+    text = "# c\njax==0.10.2\njaxlib==0.10.2\njax-cuda==1\ntorch==2.13.0\n"
+    lines = base.test_constraints(text).splitlines()
+    assert "jax==0.10.2" not in lines and "jaxlib==0.10.2" not in lines
+    assert {
+        "JAX==0.4.38",
+        "jaxlib==0.4.38",
+        "jax-cuda==1",
+        "torch==2.13.0",
+    } <= set(lines)
+    assert pins.Base("3.15.1", "0" * 64, 1).test_constraints(text) == text
+
+
+def test_invalid_test_overlay_is_refused(upstream):
+    layout, _, _ = upstream
+    text = layout.pins.read_text()
+    layout.pins.write_text(text + 'test_overlay = ["jax>=0.4"]\n')
+    with pytest.raises(ForkError, match="test_overlay must be a list of exact"):
+        pins.load_bases(layout)
+
+
 def test_local_version_is_accepted_by_base_specifiers():
     from packaging.specifiers import SpecifierSet
 

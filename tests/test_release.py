@@ -69,13 +69,17 @@ def test_pr_series_applies_to_the_pristine_sdist(base, tmp_path):
 def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
     base, tmp_path
 ):
-    """A fresh venv with tensorflow-cpu, jax and torch (constraints.txt) and
-    the fork wheel: pip check is clean, ``keras==<base>`` is satisfied by
-    the fork, and the manifest is readable through importlib.metadata."""
+    """A fresh venv with tensorflow-cpu, jax and torch (constraints.txt with
+    the base's test overlay) and the fork wheel: pip check is clean,
+    ``keras==<base>`` is satisfied by the fork, and the manifest is readable
+    through importlib.metadata."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    constraints = pins.REPO_ROOT / "constraints.txt"
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(
+        base.test_constraints((pins.REPO_ROOT / "constraints.txt").read_text())
+    )
     whl = LAYOUT.dist / base.wheel_name
     pip = [py, "-m", "pip", "--disable-pip-version-check"]
     subprocess.run(
