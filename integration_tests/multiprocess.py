@@ -20,11 +20,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -141,6 +143,85 @@ def run_workers(
             json.loads((tmp / f"result-{r}.json").read_text())
             for r in range(world_size)
         ]
+
+
+def kill_at_signal(
+    target: str, timeout: float = 300, env: dict | None = None
+) -> int:
+    """Runs ``target`` in one worker and kills it when it signals.
+
+    For crash drills ("kill the training process mid-epoch"): the worker
+    calls ``signal_and_wait()`` at the point where it must die; this
+    function then kills the worker's whole process group with SIGKILL, as
+    a preempted machine would, and returns once it is gone. The worker's
+    signal travels through a FIFO, so nothing here sleeps or polls a file.
+
+    Args:
+        target: ``"module:function"``, called as ``fn(0, 1)``.
+        timeout: seconds to wait for the signal.
+        env: extra environment variables for the worker.
+
+    Returns:
+        The worker's exit status (``-9``).
+
+    Raises:
+        WorkerError: the worker exited before signalling (named with its
+            status and log tail) or did not signal within ``timeout``.
+    """
+    with tempfile.TemporaryDirectory(prefix="drill.") as tmp:
+        tmp = Path(tmp)
+        fifo = tmp / "signal"
+        os.mkfifo(fifo)
+        # Non-blocking open: the read end exists before the worker starts.
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        wenv = dict(os.environ, **(env or {}))
+        wenv.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            WORKER_SIGNAL=str(fifo),
+            WORKER_RESULT=str(tmp / "result-0.json"),
+        )
+        log_path = tmp / "worker-0.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, target],
+                env=wenv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if ready and os.read(fd, 64):
+                    break
+                if proc.poll() is not None:
+                    raise WorkerError(
+                        f"worker of {target} exited with status "
+                        f"{proc.returncode} before its kill signal:\n"
+                        f"{_tail(log_path)}"
+                    )
+                if time.monotonic() > deadline:
+                    raise WorkerError(
+                        f"worker of {target} sent no kill signal within "
+                        f"{timeout:.0f}s; killed:\n{_tail(log_path)}"
+                    )
+        finally:
+            os.close(fd)
+            _kill([proc])
+        return proc.returncode
+
+
+def signal_and_wait() -> None:
+    """In a ``kill_at_signal`` worker: tell the parent to kill us, and wait.
+
+    Never returns: the parent SIGKILLs this process group.
+    """
+    with open(os.environ["WORKER_SIGNAL"], "w") as fifo:
+        fifo.write("kill me\n")
+    threading.Event().wait()
 
 
 def tf_config(rank: int) -> str:

@@ -24,3 +24,15 @@ def tf_config(rank, world_size):
     from integration_tests import multiprocess
 
     return multiprocess.tf_config(rank)
+
+
+def signal_mid_work(rank, world_size):
+    from integration_tests import multiprocess
+
+    with open(os.environ["PID_DIR"] + "/victim", "w") as f:
+        f.write(str(os.getpid()))
+    multiprocess.signal_and_wait()
+
+
+def exit_early(rank, world_size):
+    raise SystemExit(3)

@@ -74,3 +74,20 @@ def test_tf_config_names_every_worker_on_loopback_with_its_own_port():
     for rank, config in enumerate(configs):
         assert config["cluster"]["worker"] == workers
         assert config["task"] == {"type": "worker", "index": rank}
+
+
+def test_kill_at_signal_kills_the_worker_when_it_asks(tmp_path):
+    status = multiprocess.kill_at_signal(
+        "tests.mp_targets:signal_mid_work",
+        timeout=60,
+        env={"PID_DIR": str(tmp_path)},
+    )
+    assert status == -9
+    pid = int((tmp_path / "victim").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_kill_at_signal_reports_a_worker_that_exits_first():
+    with pytest.raises(multiprocess.WorkerError, match="status 3 before"):
+        multiprocess.kill_at_signal("tests.mp_targets:exit_early", timeout=60)
