@@ -225,7 +225,7 @@ def install_variants(layout: pins.Layout, base: pins.Base) -> dict[str, Path]:
         "fork": whl,
     }
     return {
-        variant: _pip_target(
+        variant: pip_install_target(
             layout.variant(base.version, variant),
             [str(source)],
             sdist_lib.sha256_of(source),
@@ -252,7 +252,7 @@ def install_overlay(layout: pins.Layout, base: pins.Base) -> Path | None:
     if not base.test_overlay:
         return None
     pins_text = "\n".join(sorted(base.test_overlay))
-    return _pip_target(
+    return pip_install_target(
         layout.variant(base.version, "overlay"),
         list(base.test_overlay),
         hashlib.sha256(pins_text.encode()).hexdigest(),
@@ -260,7 +260,7 @@ def install_overlay(layout: pins.Layout, base: pins.Base) -> Path | None:
     )
 
 
-def _pip_target(dest: Path, sources: list[str], digest: str, what: str):
+def pip_install_target(dest: Path, sources: list[str], digest: str, what: str):
     """``pip install --no-deps --target dest`` unless already there.
 
     A stamp file holds ``digest`` (of what was installed); the install goes

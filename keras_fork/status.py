@@ -7,6 +7,11 @@ each patch of every series is classified by content, not by name:
 * ``upstream``: the reverse patch applies (upstream already has the change);
 * ``conflict``: neither; the patch must be rebased.
 
+With ``--proofs``, the proving tests of every fix run on the stock nightly
+too (the single-process cells the matrix marks ``proven``): a fix whose
+proofs pass there may have landed upstream by other means, even when its
+patch no longer applies.
+
 Exit status: 1 only when a patch conflicts with a base we ship (a nightly
 conflict is news, not a failure).
 """
@@ -74,37 +79,126 @@ def download_nightly(cache: Path) -> Path:
     return found[-1]
 
 
+def check_series(tree: Path, patches: list[Path]) -> list[str]:
+    """Classifies each patch on ``tree`` with the earlier ones applied.
+
+    A series is cumulative: patch k is checked on the tree after patches
+    1..k-1, each of which is applied when it ``applies`` (one already
+    ``upstream`` is there anyway). ``tree`` is modified.
+
+    Returns:
+        One state per patch, in order.
+    """
+    states = []
+    for patch in patches:
+        state = classify(tree, patch)
+        if state == "applies":
+            subprocess.run(
+                ["git", "apply", str(patch.resolve())],
+                cwd=tree,
+                check=True,
+                capture_output=True,
+            )
+        states.append(state)
+    return states
+
+
 def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
-    """One row per (target, patch): target, shipped, series, patch, state."""
+    """One row per (target, patch): target, shipped, series, patch, state.
+
+    Each series is checked against its own base and the nightly; repo-only
+    patches (files the sdist lacks) are reported, not checked.
+    """
     bases = list(pins.load_bases(layout).values())
-    patches = [(b.version, p) for b in bases for p in series.read_series(
-        layout, b)]  # fmt: skip
-    patches += [
-        (b.version, p) for b in bases for p in series.read_repo_only(layout, b)
-    ]
-    targets = [(b.version, sdist_lib.fetch(layout, b), True) for b in bases]
+    nightly_target = None
     if nightly:
         archive = download_nightly(layout.cache)
         name = archive.name.removesuffix(".tar.gz").replace("_", "-")
-        targets.append((name, archive, False))
+        nightly_target = (name, archive, False)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (target, archive, shipped) in enumerate(targets):
-            tree = _unpack_any(archive, Path(tmp) / str(i))
-            for version, patch in patches:
-                repo_only = patch.parent.name == series.REPO_ONLY
-                state = classify(tree, patch)
-                if repo_only and state == "conflict":
-                    state = "n/a (repo-only: file not in the sdist)"
-                rows.append(
-                    {
-                        "target": target,
-                        "shipped": shipped,
-                        "series": version,
-                        "patch": patch.name,
-                        "state": state,
-                    }
+        for b in bases:
+            targets = [(b.version, sdist_lib.fetch(layout, b), True)]
+            if nightly_target:
+                targets.append(nightly_target)
+            patches = series.read_series(layout, b)
+            for target, archive, shipped in targets:
+                tree = _unpack_any(archive, Path(tmp) / f"{b.version}-{target}")
+                states = check_series(tree, patches)
+                states += ["n/a (repo-only: file not in the sdist)"] * len(
+                    series.read_repo_only(layout, b)
                 )
+                names = patches + series.read_repo_only(layout, b)
+                for patch, state in zip(names, states):
+                    rows.append(
+                        {
+                            "target": target,
+                            "shipped": shipped,
+                            "series": b.version,
+                            "patch": patch.name,
+                            "state": state,
+                        }
+                    )
+    return rows
+
+
+SINGLE_PROCESS = ("1",)
+
+
+def nightly_proofs(layout: pins.Layout, archive: Path, console) -> list[dict]:
+    """Runs the fixes' proving tests on the stock nightly ``archive``.
+
+    Installs the sdist with ``pip install --no-deps --target`` under
+    ``build/variants/nightly`` and runs, in a fresh process each, every
+    single-device cell that the matrix marks ``proven``.
+
+    Returns:
+        One row per cell: ``fix``, ``backend``, ``topology``, ``outcome``
+        (``fail`` = still needed, ``pass`` = may have landed, ``error``).
+
+    Raises:
+        ForkError: the nightly could not be installed.
+    """
+    from keras_fork import prove
+
+    name = archive.name.removesuffix(".tar.gz")
+    version = name.split("-", 1)[1]
+    keras_dir = prove.pip_install_target(
+        layout.variant("nightly", name),
+        [str(archive)],
+        sdist_lib.sha256_of(archive),
+        f"stock {name}",
+    )
+    from packaging.version import Version
+
+    newest = max(pins.load_bases(layout), key=Version)
+    cells = [
+        c
+        for c in prove.load_matrix()
+        if c.base == newest
+        and c.expect == "proven"
+        and c.topology in SINGLE_PROCESS
+    ]
+    rows = []
+    for cell in cells:
+        console.print(f"  {name}: {cell.fix} on {cell.backend}/{cell.topology}")
+        run = prove.run_variant(
+            cell,
+            "stock",
+            keras_dir,
+            version,
+            layout.dist / "status" / f"{name}-{cell.slug}.xml",
+            "cpu",
+            900,
+        )
+        rows.append(
+            {
+                "fix": cell.fix,
+                "backend": cell.backend,
+                "topology": cell.topology,
+                "outcome": run["outcome"],
+            }
+        )
     return rows
 
 
@@ -118,10 +212,22 @@ def main(argv=None) -> int:
         action="store_true",
         help="only the pinned bases (no download)",
     )
+    p.add_argument(
+        "--proofs",
+        action="store_true",
+        help="also run the fixes' proving tests on the stock nightly",
+    )
     args = p.parse_args(argv)
+    if args.proofs and args.no_nightly:
+        p.error("--proofs needs the nightly (drop --no-nightly)")
     layout = pins.Layout.default()
+    console = Console(highlight=False)
     try:
         rows = radar(layout, nightly=not args.no_nightly)
+        proofs = []
+        if args.proofs:
+            archive = sorted((layout.cache / "nightly").glob("*.tar.gz"))[-1]
+            proofs = nightly_proofs(layout, archive, console)
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -134,7 +240,24 @@ def main(argv=None) -> int:
         table.add_row(
             r["target"], r["series"], r["patch"], f"[{color}]{r['state']}[/]"
         )
-    Console(highlight=False).print(table)
+    console.print(table)
+    if proofs:
+        table = Table(title="proving tests on the stock nightly")
+        for col in ("fix", "cell", "stock nightly", "meaning"):
+            table.add_column(col)
+        meaning = {
+            "fail": "still needed",
+            "pass": "[cyan]may have landed: check upstream[/]",
+            "error": "[red]could not run[/]",
+        }
+        for r in proofs:
+            table.add_row(
+                r["fix"],
+                f"{r['backend']}/{r['topology']}",
+                r["outcome"],
+                meaning[r["outcome"]],
+            )
+        console.print(table)
     # Our own bases: only the patches of that base's series count.
     bad = [
         r

@@ -409,3 +409,25 @@ def test_status_classifies_patches_by_content(upstream, tmp_path):
     assert status.classify(tree, patch) == "upstream"  # already has it
     (pristine / "keras/src/shuffle.py").write_text("def other():\n    pass\n")
     assert status.classify(pristine, patch) == "conflict"
+
+
+def test_status_checks_a_series_cumulatively(upstream, tmp_path):
+    """Patch 2 edits what patch 1 wrote: alone on the base it conflicts,
+    after patch 1 it applies (a shipped series must not look broken)."""
+    from keras_fork import status
+
+    layout, base, archive = upstream
+    tree = series.materialize(layout, base)
+    _add_fix(layout, base, tree)
+    f = tree / "keras/src/shuffle.py"
+    f.write_text(f.read_text().replace("reversed(range(n))", "range(n)[::-1]"))
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "commit", "-qam", "Slice instead\n\nFork-Fix: reverse",
+               env=env)  # fmt: skip
+    names = series.export(tree, series.series_dir(layout, base))
+    patches = [series.series_dir(layout, base) / n for n in names]
+    pristine = tmp_path / "pristine"
+    sdist.unpack(archive, base.version, pristine)
+    assert status.classify(pristine, patches[1]) == "conflict"
+    assert status.check_series(pristine, patches) == ["applies", "applies"]
+    assert "range(n)[::-1]" in (pristine / "keras/src/shuffle.py").read_text()
