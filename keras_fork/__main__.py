@@ -42,8 +42,10 @@ def cmd_build(args, layout: pins.Layout) -> int:
     ]:
         shutil.rmtree(scratch, ignore_errors=True)
     for base in bases:
-        # Outputs of an earlier build must not survive a failed one.
-        (layout.dist / base.wheel_name).unlink(missing_ok=True)
+        # Outputs of an earlier build (any fork build number of this base)
+        # must not survive a failed one.
+        for old in layout.dist.glob(f"keras-{base.version}+fork.*.whl"):
+            old.unlink()
         stale = prseries.pr_series_dir(layout, base)
         if stale.exists():
             shutil.rmtree(stale)
