@@ -1,0 +1,308 @@
+"""Proof of the `strategy.scope()` rules fix (keras-team/keras#20045).
+
+The Keras guide calls ``fit()`` inside ``strategy.scope()``, the TensorFlow
+guide outside; stock Keras 3.15.1 states no rule and its behavior depends on
+where each object happens to be created. Under ``tf.distribute``:
+
+* an optimizer constructed outside of the scope, passed to ``compile()`` of a
+  model created inside, crashes the first step with ``RuntimeError: Mixing
+  different tf.distribute.Strategy objects`` (no word of the optimizer);
+* a model created outside of the scope and compiled/fit inside crashes in
+  ``fit()`` with ``colocate_vars_with must only be passed a variable created
+  in this tf.distribute.Strategy.scope()`` or ``Need to be inside "with
+  strategy.scope()"``; a lazily built model (no ``Input``) first called
+  outside of the scope gets plain variables and crashes the same way;
+* ``compile(jit_compile=True)`` crashes with ``InvalidArgumentError: Trying
+  to access resource ... located in device CPU:1 from device CPU:0``.
+
+The fork: a model belongs to the strategy in scope when it is created, and
+Keras creates all its variables under it (weights built lazily, optimizer,
+metrics), so ``compile``/``fit``/``evaluate``/``predict``/saving give the
+same trajectory inside or outside of the scope. An unbuilt optimizer created
+outside of the scope moves to the model's strategy; a built one, a model
+created outside of the active scope, trainable weights built outside of the
+model's scope and ``jit_compile=True`` with several replicas raise a
+``ValueError`` at ``compile()``/``fit()`` that names the cause and the fix.
+
+Every trajectory is also checked against plain NumPy gradient descent (a
+linear model, MSE, SGD with momentum), so "the same as all-inside" compares
+with a run that is itself right. On one device (default strategy) nothing
+changes (guard).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.fix("strategy-scope")
+BACKEND = keras.backend.backend()
+FEATURES = 4
+GLOBAL_BATCH = 16  # divisible by 1, 2 and 4 replicas
+SAMPLES = 64
+EPOCHS = 2
+LR = 0.05
+MOMENTUM = 0.9
+KERNEL = np.array([[0.5], [-0.25], [0.125], [1.0]], "float32")
+# Float32 model vs float64 NumPy over 8 steps of values O(1): each step adds
+# a few float32 roundings (~1e-7 relative), and the replicas sum their
+# gradients in another order; 1e-4 relative / 1e-5 absolute is far above
+# that and far below a missed or doubled step (changes of ~1e-2).
+REFERENCE_TOL = {"rtol": 1e-4, "atol": 1e-5}
+# Two Keras runs of the same model under the same strategy run the same ops;
+# only the order of float32 additions in the loss/metric reductions may
+# differ (one or two ulps, ~2.4e-7 relative at a loss ~1).
+SAME_RUN_TOL = {"rtol": 1e-6, "atol": 1e-6}
+
+
+def _data():
+    rng = np.random.default_rng(20045)
+    x = rng.normal(size=(SAMPLES, FEATURES)).astype("float32")
+    y = (x @ np.array([[1.0], [2.0], [-1.0], [0.5]]) + 0.3).astype("float32")
+    y += rng.normal(scale=0.1, size=y.shape).astype("float32")
+    return x, y
+
+
+def _numpy_trajectory():
+    """Per-epoch mean loss and final weights of MSE + SGD(momentum)."""
+    x, y = (a.astype("float64") for a in _data())
+    w, b = KERNEL.astype("float64"), np.zeros(1)
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    losses = []
+    for _ in range(EPOCHS):
+        epoch = []
+        for i in range(0, SAMPLES, GLOBAL_BATCH):
+            xb, yb = x[i : i + GLOBAL_BATCH], y[i : i + GLOBAL_BATCH]
+            err = xb @ w + b - yb
+            epoch.append(np.mean(err**2))
+            gw = 2 * xb.T @ err / len(xb)
+            gb = 2 * np.sum(err, axis=0) / len(xb)
+            vw = MOMENTUM * vw - LR * gw
+            vb = MOMENTUM * vb - LR * gb
+            w, b = w + vw, b + vb
+        losses.append(np.mean(epoch))
+    return losses, w, b
+
+
+def _model(lazy=False):
+    dense = keras.layers.Dense(
+        1,
+        kernel_initializer=keras.initializers.Constant(KERNEL),
+        bias_initializer="zeros",
+    )
+    if lazy:
+        return keras.Sequential([dense])
+    return keras.Sequential([keras.Input((FEATURES,)), dense])
+
+
+def _optimizer():
+    # Momentum gives the optimizer one slot variable per weight (the case
+    # that crashes on stock); plain SGD has none.
+    return keras.optimizers.SGD(LR, momentum=MOMENTUM)
+
+
+def _train(model):
+    """fit, evaluate, predict; returns (losses, eval loss, preds, w, b)."""
+    x, y = _data()
+    history = model.fit(
+        x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0
+    )
+    return (
+        history.history["loss"],
+        model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0),
+        model.predict(x, batch_size=GLOBAL_BATCH, verbose=0),
+        keras.ops.convert_to_numpy(model.layers[-1].kernel),
+        keras.ops.convert_to_numpy(model.layers[-1].bias),
+    )
+
+
+def _all_inside(topology, lazy=False):
+    with topology.scope():
+        model = _model(lazy)
+        model.compile(_optimizer(), "mse")
+        return _train(model)
+
+
+def _assert_right(run):
+    """The run follows the NumPy trajectory."""
+    losses, w, b = _numpy_trajectory()
+    np.testing.assert_allclose(run[0], losses, **REFERENCE_TOL)
+    np.testing.assert_allclose(run[3], w, **REFERENCE_TOL)
+    np.testing.assert_allclose(run[4], b, **REFERENCE_TOL)
+    x, y = _data()
+    np.testing.assert_allclose(run[2], x @ w + b, **REFERENCE_TOL)
+    np.testing.assert_allclose(run[1], np.mean((x @ w + b - y) ** 2), 1e-4)
+
+
+def _assert_same(run, expected):
+    for value, expected_value in zip(run, expected):
+        np.testing.assert_allclose(value, expected_value, **SAME_RUN_TOL)
+
+
+def _needs_strategy(topology):
+    if BACKEND != "tensorflow":
+        pytest.skip("tf.distribute scopes are TensorFlow only")
+    if topology.strategy is None:
+        pytest.skip("needs a tf.distribute strategy (mirrored-N)")
+
+
+@pytest.mark.fix("strategy-scope", role="guard")
+def test_all_inside_and_compile_fit_outside_follow_numpy(topology):
+    """Model and optimizer created in the scope: compile/fit/evaluate/predict
+    inside (the Keras guide) or outside (the TF guide) the scope both follow
+    the NumPy trajectory and match each other (stock does this too)."""
+    if BACKEND != "tensorflow":
+        pytest.skip("tf.distribute scopes are TensorFlow only")
+    expected = _all_inside(topology)
+    _assert_right(expected)
+    with topology.scope():
+        model = _model()
+        optimizer = _optimizer()
+    model.compile(optimizer, "mse")
+    _assert_same(_train(model), expected)
+
+
+def test_optimizer_created_outside_scope(topology):
+    """An optimizer constructed outside of the scope (not built yet) is
+    moved to the model's strategy at ``compile()``, compiled inside or
+    outside the scope: same trajectory as all-inside. Stock: ``RuntimeError:
+    Mixing different tf.distribute.Strategy objects`` in the first step."""
+    _needs_strategy(topology)
+    expected = _all_inside(topology)
+    for compile_inside in (True, False):
+        keras.backend.clear_session()
+        optimizer = _optimizer()
+        with topology.scope():
+            model = _model()
+            if compile_inside:
+                model.compile(optimizer, "mse")
+        if not compile_inside:
+            model.compile(optimizer, "mse")
+        _assert_same(_train(model), expected)
+
+
+def test_built_optimizer_from_outside_scope_fails_at_compile(topology):
+    """An optimizer already built outside of the scope (it has slot
+    variables) cannot move: ``compile()`` raises a ValueError naming the
+    optimizer and the fix. Stock: compile passes, fit crashes."""
+    _needs_strategy(topology)
+    optimizer = _optimizer()
+    optimizer.build([keras.Variable(np.ones((2,), "float32"))])
+    with topology.scope():
+        model = _model()
+        with pytest.raises(
+            ValueError, match=r"optimizer sgd.*inside `with strategy.scope"
+        ):
+            model.compile(optimizer, "mse")
+
+
+def test_lazy_model_first_called_outside_scope(topology):
+    """A model without ``Input`` created in the scope builds its variables
+    on first call; called first outside of the scope, they are still
+    created under its strategy: same trajectory as all-inside (which is
+    right). Stock: plain variables, the first step crashes."""
+    _needs_strategy(topology)
+    expected = _all_inside(topology, lazy=True)
+    _assert_right(expected)
+    keras.backend.clear_session()
+    with topology.scope():
+        model = _model(lazy=True)
+        optimizer = _optimizer()
+    model(_data()[0][:2])
+    model.compile(optimizer, "mse")
+    _assert_same(_train(model), expected)
+
+
+@pytest.mark.fix("strategy-scope", role="guard")
+def test_save_outside_load_inside_or_outside(topology):
+    """Saving a strategy model outside of the scope, and loading it inside
+    (then training on) or outside, continues the same trajectory as the
+    original model (stock does this too)."""
+    import tempfile
+    from pathlib import Path
+
+    if BACKEND != "tensorflow":
+        pytest.skip("tf.distribute scopes are TensorFlow only")
+    with topology.scope():
+        model = _model()
+        model.compile(_optimizer(), "mse")
+    _train(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "model.keras")
+        model.save(path)
+        with topology.scope():
+            inside = keras.models.load_model(path)
+        outside = keras.models.load_model(path)
+    expected = _train(model)
+    _assert_same(_train(inside), expected)
+    _assert_same(_train(outside), expected)
+
+
+def test_model_created_outside_scope_fails_early(topology):
+    """A model created outside of any scope (built, or lazy without
+    ``Input``): ``compile()`` inside the scope, or ``fit()`` inside after
+    compiling outside, raises a ValueError naming the cause and the fix.
+    Stock: ``colocate_vars_with must only be passed a variable created in
+    this tf.distribute.Strategy.scope()``, ``Mixing different
+    tf.distribute.Strategy objects`` or ``InvalidArgumentError`` in fit."""
+    _needs_strategy(topology)
+    x, y = _data()
+    message = r"created outside of any `tf.distribute` strategy scope"
+    for lazy in (False, True):
+        model = _model(lazy)
+        with topology.scope(), pytest.raises(ValueError, match=message):
+            model.compile(_optimizer(), "mse")
+            model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+        model = _model(lazy)
+        model.compile(_optimizer(), "mse")
+        with topology.scope(), pytest.raises(ValueError, match=message):
+            model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+
+
+def test_layers_built_outside_scope_fail_at_compile(topology):
+    """A model created in the scope around a sub-model built outside of it
+    (its trainable weights are plain variables): ``compile()`` raises a
+    ValueError naming the weights. Stock: ``colocate_vars_with`` in fit."""
+    _needs_strategy(topology)
+    base = _model()
+    with topology.scope():
+        model = keras.Sequential([keras.Input((FEATURES,)), base])
+        with pytest.raises(ValueError, match="created outside of it"):
+            model.compile(_optimizer(), "mse")
+            model.fit(*_data(), batch_size=GLOBAL_BATCH, verbose=0)
+
+
+def test_jit_compile_true_is_refused_auto_trains(topology):
+    """``jit_compile=True`` with several replicas raises a ValueError that
+    says it is unsupported and to use False/"auto"; ``"auto"`` trains along
+    the NumPy trajectory. Stock: ``InvalidArgumentError: Trying to access
+    resource ... located in device CPU:1 from device CPU:0`` in fit."""
+    _needs_strategy(topology)
+    if topology.num_replicas == 1:
+        pytest.skip("needs more than one replica")
+    with topology.scope():
+        model = _model()
+        with pytest.raises(ValueError, match="`jit_compile=True` is not"):
+            model.compile(_optimizer(), "mse", jit_compile=True)
+            model.fit(*_data(), batch_size=GLOBAL_BATCH, verbose=0)
+        model = _model()
+        model.compile(_optimizer(), "mse", jit_compile="auto")
+        _assert_right(_train(model))
+
+
+@pytest.mark.fix("strategy-scope", role="guard")
+def test_one_device_nothing_changes(topology):
+    """Default strategy (no scope): the model follows the NumPy trajectory
+    with the optimizer created anywhere, also with ``jit_compile=True``,
+    and a lazy model builds on first call as before."""
+    if BACKEND != "tensorflow":
+        pytest.skip("tf.distribute scopes are TensorFlow only")
+    if topology.strategy is not None:
+        pytest.skip("one-device (default strategy) topology only")
+    optimizer = _optimizer()
+    model = _model(lazy=True)
+    model(_data()[0][:2])
+    model.compile(optimizer, "mse")
+    _assert_right(_train(model))
+    model = _model()
+    model.compile(_optimizer(), "mse", jit_compile=True)
+    _assert_right(_train(model))
