@@ -17,6 +17,7 @@ synchronization (workers meet in their framework's own rendezvous).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -222,6 +223,30 @@ def signal_and_wait() -> None:
     with open(os.environ["WORKER_SIGNAL"], "w") as fifo:
         fifo.write("kill me\n")
     threading.Event().wait()
+
+
+@contextlib.contextmanager
+def torch_process_group(rank: int, world_size: int, timeout: float = 60):
+    """In a ``run_workers`` worker: a torch.distributed gloo process group.
+
+    Rendezvous at ``MASTER_ADDR:MASTER_PORT`` (127.0.0.1, set by
+    ``run_workers``); every collective is bounded by ``timeout`` seconds;
+    the group is destroyed on exit, also after an error.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
 
 
 def tf_config(rank: int) -> str:

@@ -287,17 +287,7 @@ def test_multiworker_workers_draw_different_numbers(topology):
 def ddp_worker(rank, world_size):
     """One torch DDP rank (gloo): dropout masks after the same global seed
     on every rank, then after ``seed + rank``."""
-    import datetime
-
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
+    with multiprocess.torch_process_group(rank, world_size):
         masks = {}
         for name, seed in (("same", 18426), ("per_rank", 18426 + rank)):
             keras.utils.set_random_seed(seed)
@@ -307,8 +297,6 @@ def ddp_worker(rank, world_size):
                 (keras.ops.convert_to_numpy(out) != 0).astype(int).ravel()
             ).tolist()
         return masks
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.fix("replica-rng", role="guard")

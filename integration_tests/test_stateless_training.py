@@ -156,18 +156,9 @@ def test_inference_outside_gradient_tracing_is_silent(topology):
 def ddp_worker(rank, world_size):
     """One torch DDP rank: gloo process group, a gradient step without
     ``training`` whose gradients are all-reduced; returns the warnings."""
-    import datetime
-
     import torch
-    import torch.distributed as dist
 
-    dist.init_process_group(
-        "gloo",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
+    with multiprocess.torch_process_group(rank, world_size) as dist:
         x, y = _data(seed=rank)
         model = _model()
         tv = [
@@ -183,8 +174,6 @@ def ddp_worker(rank, world_size):
                 for g in grads:
                     dist.all_reduce(g)
         return [str(w.message) for w in caught if _is_training_warning(w)]
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_gradient_step_without_training_warns_once_per_rank(topology):
