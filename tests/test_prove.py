@@ -48,7 +48,7 @@ def test_every_fix_has_integration_tests():
         p.read_text()
         for p in (pins.REPO_ROOT / "integration_tests").glob("test_*.py")
     )
-    marked = set(re.findall(r'pytest\.mark\.fix\("([\w-]+)"\)', source))
+    marked = set(re.findall(r'pytest\.mark\.fix\(\s*"([\w-]+)"', source))
     assert {c.fix for c in prove.load_matrix()} <= marked
 
 
