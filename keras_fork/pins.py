@@ -63,12 +63,16 @@ class Base:
             "Local version identifiers"), >= 1.
         test_overlay: requirement pins that replace those of
             ``constraints.txt`` when testing this base (e.g. an older jax).
+        pip_check_known: substrings of ``pip check`` lines that are known
+            and accepted for this base beside the pinned stack (e.g. a
+            tensorflow that requires a newer keras than the base).
     """
 
     version: str
     sdist_sha256: str
     fork_build: int
     test_overlay: tuple[str, ...] = ()
+    pip_check_known: tuple[str, ...] = ()
 
     @property
     def fork_version(self) -> str:
@@ -158,7 +162,15 @@ def load_bases(layout: Layout) -> dict[str, Base]:
                 f'of exact pins like "jax==0.4.38", got {overlay!r}'
             )
         overlay = tuple(overlay)
-        bases[version] = Base(version, sha, build, overlay)
+        known = table.get("pip_check_known", [])
+        if not isinstance(known, list) or not all(
+            isinstance(k, str) and k for k in known
+        ):
+            raise ForkError(
+                f"{layout.pins}: base {version}: pip_check_known must be a "
+                f"list of non-empty strings, got {known!r}"
+            )
+        bases[version] = Base(version, sha, build, overlay, tuple(known))
     if not bases:
         raise ForkError(f"pins file {layout.pins} declares no base")
     return bases

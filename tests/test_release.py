@@ -70,9 +70,11 @@ def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
     base, tmp_path
 ):
     """A fresh venv with tensorflow-cpu, jax and torch (constraints.txt with
-    the base's test overlay) and the fork wheel: pip check is clean,
-    ``keras==<base>`` is satisfied by the fork, and the manifest is readable
-    through importlib.metadata."""
+    the base's test overlay) and the fork wheel: pip check is clean (but for
+    the base's declared ``pip_check_known`` lines: tensorflow 2.21 requires
+    keras>=3.12, so an older base can only be installed over it with
+    ``--no-deps``), ``keras==<base>`` is satisfied by the fork, and the
+    manifest is readable through importlib.metadata."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
@@ -82,13 +84,28 @@ def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
     )
     whl = LAYOUT.dist / base.wheel_name
     pip = [py, "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run(
-        pip + ["install", "-q", "-c", str(constraints), str(whl),
-               "tensorflow-cpu", "jax", "torch"],
-        check=True,
-    )  # fmt: skip
+    stack = ["tensorflow-cpu", "jax", "torch"]
+    if base.pip_check_known:
+        subprocess.run(
+            pip + ["install", "-q", "-c", str(constraints), *stack],
+            check=True,
+        )
+        subprocess.run(
+            pip + ["install", "-q", "--no-deps", str(whl)], check=True
+        )
+    else:
+        subprocess.run(
+            pip + ["install", "-q", "-c", str(constraints), str(whl), *stack],
+            check=True,
+        )
     check = subprocess.run(pip + ["check"], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
+    problems = [
+        line
+        for line in check.stdout.splitlines()
+        if line.strip()
+        and not any(known in line for known in base.pip_check_known)
+    ]
+    assert not problems, check.stdout + check.stderr
     again = subprocess.run(
         pip + ["install", f"keras=={base.version}", "--no-deps", "--dry-run"],
         capture_output=True,
