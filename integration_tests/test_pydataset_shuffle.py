@@ -1,0 +1,131 @@
+"""Proof of the pydataset-shuffle fix (keras-team/keras#20577, PyDataset path).
+
+``fit(x=PyDataset, shuffle=True)`` permutes the order of the dataset's
+batches every epoch. Stock Keras 3.15.1 draws that permutation from Python's
+global ``random``: fitting advances the user's global RNG, any unrelated
+``random`` call changes the batch order (so one ``set_random_seed`` does not
+make a run reproducible), and ``fit(initial_epoch=k)`` cannot replay the
+order of epoch ``k``. The fork draws it from a private generator seeded by
+(Keras seed, absolute epoch), as for arrays.
+
+The test records which batch indices ``fit`` asks the dataset for in each
+epoch (``__getitem__`` calls between ``on_epoch_begin`` callbacks; the
+peeks Keras makes to build the model come before ``on_train_begin`` and are
+ignored). Orders are compared exactly: they are integer indices.
+"""
+
+import random
+
+import keras
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.fix("pydataset-shuffle")
+
+NUM_BATCHES = 12  # a repeated order by chance: probability 1 / 12!
+GLOBAL_BATCH = 8  # divisible by every topology's replica count (1, 2, 4, 8)
+EPOCHS = 3
+
+
+class RecordingDataset(keras.utils.PyDataset):
+    """``NUM_BATCHES`` fixed batches; records each requested index."""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.default_rng(20577)
+        n = NUM_BATCHES * GLOBAL_BATCH
+        self.x = rng.normal(size=(n, 4)).astype("float32")
+        self.y = rng.normal(size=(n, 1)).astype("float32")
+        self.requests = [[]]
+
+    @property
+    def num_batches(self):
+        return NUM_BATCHES
+
+    def __getitem__(self, idx):
+        self.requests[-1].append(int(idx))
+        rows = slice(idx * GLOBAL_BATCH, (idx + 1) * GLOBAL_BATCH)
+        return self.x[rows], self.y[rows]
+
+
+class EpochMarks(keras.callbacks.Callback):
+    """Starts a new record of requests at each epoch."""
+
+    def __init__(self, dataset):
+        super().__init__()
+        self.dataset = dataset
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+        self.dataset.requests.append([])
+
+
+def _orders(topology, initial_epoch=0, rng_states=None):
+    """Fits a small model; returns ``{epoch: batch indices in order}``.
+
+    ``rng_states``, a list, receives Python's ``random`` state just before
+    and just after ``fit`` (building the model may draw default seeds from
+    it; that is not the shuffle)."""
+    dataset = RecordingDataset()
+    marks = EpochMarks(dataset)
+    with topology.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        if rng_states is not None:
+            rng_states.append(random.getstate())
+        model.fit(
+            dataset,
+            epochs=EPOCHS,
+            initial_epoch=initial_epoch,
+            shuffle=True,
+            verbose=0,
+            callbacks=[marks],
+        )
+    if rng_states is not None:
+        rng_states.append(random.getstate())
+    return dict(zip(marks.epochs, dataset.requests[1:]))
+
+
+def _single_process(topology):
+    if topology.name == "multiworker-2":
+        pytest.skip("single-process test (the test process is 1 device)")
+    if topology.backend == "torch" and topology.num_replicas > 1:
+        pytest.skip("torch has no multi-device Model.fit")
+
+
+def test_fit_reads_and_advances_no_global_rng(topology):
+    """The user's Python RNG state is the same before and after ``fit``
+    (stock: ``random.shuffle`` advances it every epoch)."""
+    _single_process(topology)
+    keras.utils.set_random_seed(1)
+    states = []
+    orders = _orders(topology, rng_states=states)
+    assert states[0] == states[1]
+    for epoch, order in orders.items():
+        assert sorted(order) == list(range(NUM_BATCHES)), (epoch, order)
+    # Each epoch has its own order.
+    assert orders[0] != orders[1] != orders[2]
+
+
+def test_one_seed_gives_one_order_whatever_else_draws(topology):
+    """After ``set_random_seed``, unrelated draws from Python's ``random``
+    (user code, augmentation...) do not change the batch order."""
+    _single_process(topology)
+    keras.utils.set_random_seed(2)
+    expected = _orders(topology)
+    keras.utils.set_random_seed(2)
+    random.random()
+    random.shuffle(list(range(10)))
+    assert _orders(topology) == expected
+
+
+def test_resumed_fit_replays_the_epoch_order(topology):
+    """``fit(initial_epoch=2)`` (e.g. after ``BackupAndRestore``) sees the
+    order epoch 2 had in the uninterrupted run."""
+    _single_process(topology)
+    keras.utils.set_random_seed(3)
+    expected = _orders(topology)
+    keras.utils.set_random_seed(3)
+    resumed = _orders(topology, initial_epoch=2)
+    assert resumed == {2: expected[2]}
