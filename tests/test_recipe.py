@@ -433,3 +433,33 @@ def test_status_checks_a_series_cumulatively(upstream, tmp_path):
     assert status.classify(pristine, patches[1]) == "conflict"
     assert status.check_series(pristine, patches) == ["applies", "applies"]
     assert "range(n)[::-1]" in (pristine / "keras/src/shuffle.py").read_text()
+
+
+def test_status_leaves_out_test_files_the_sdist_lacks(upstream, tmp_path):
+    """keras-nightly sdists ship no ``*_test.py``: a patch's test hunks are
+    left out there (and said so), its source hunks still decide."""
+    from keras_fork import status
+
+    layout, base, archive = upstream
+    tree = series.materialize(layout, base)
+    test_file = tree / "keras/src/shuffle_test.py"
+    test_file.write_text("def test_order():\n    pass\n")
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "add", "-A", env=env)
+    series.git(tree, "commit", "-qm", "Add a test file", env=env)
+    f = tree / "keras/src/shuffle.py"
+    f.write_text(f.read_text().replace("range(n)", "reversed(range(n))"))
+    test_file.write_text("def test_order():\n    assert True\n")
+    series.git(tree, "commit", "-qam", "Reverse\n\nFork-Fix: reverse",
+               env=env)  # fmt: skip
+    patch = tmp_path / "reverse.patch"
+    patch.write_text(series.git(tree, "format-patch", "-1", "--stdout"))
+    nightly = tmp_path / "nightly"  # the base's sources, no test file
+    sdist.unpack(archive, base.version, nightly)
+    assert status.missing_tests(nightly, patch) == ["keras/src/shuffle_test.py"]
+    state = "applies (1 test files not in the sdist)"
+    assert status.classify(nightly, patch) == state
+    assert status.check_series(nightly, [patch]) == [state]
+    assert "reversed" in (nightly / "keras/src/shuffle.py").read_text()
+    (nightly / "keras/src/shuffle.py").write_text("def other():\n    pass\n")
+    assert status.classify(nightly, patch).startswith("conflict (1 test")
