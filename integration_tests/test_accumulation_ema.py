@@ -1,0 +1,140 @@
+"""Proof of accumulation-ema: conditional optimizer updates under replicas.
+
+``gradient_accumulation_steps`` and ``ema_overwrite_frequency`` make an
+optimizer update conditional on the step (``ops.cond``). Under a
+``tf.distribute`` strategy with several replicas, stock Keras 3.15.1 puts
+the gradient all-reduce and the mirrored-variable updates inside that
+``tf.cond``: ``fit`` fails at the first step with "merge_call called while
+defining a new graph" (keras-team/keras#20582). The fork all-reduces every
+step in the replica context and takes the condition in the cross-replica
+context. Proof: ``fit`` runs, and the weights follow one device trained on
+the same global batches in the same process.
+
+JAX (DataParallel over global arrays), torch and one TensorFlow device run
+the base implementation unchanged: guards.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+from integration_tests import multiprocess
+from integration_tests import topologies
+
+pytestmark = pytest.mark.fix("accumulation-ema")
+
+GLOBAL_BATCH = 16  # divisible by every topology's replica count
+NUM_SAMPLES = 64
+EPOCHS = 2  # 8 steps
+
+CONFIGS = {
+    "accumulation": {"gradient_accumulation_steps": 2},
+    "accumulation_clipnorm_weight_decay": {
+        "gradient_accumulation_steps": 3,
+        "global_clipnorm": 0.5,
+        "weight_decay": 0.1,
+    },
+    "ema_overwrite": {
+        "use_ema": True,
+        "ema_momentum": 0.5,
+        "ema_overwrite_frequency": 2,
+    },
+    "accumulation_and_ema_overwrite": {
+        "gradient_accumulation_steps": 2,
+        "use_ema": True,
+        "ema_momentum": 0.5,
+        "ema_overwrite_frequency": 2,
+    },
+}
+
+# N replicas sum the same per-sample gradient terms as one device, in
+# another order (per-replica partial sums, then the all-reduce): float32
+# reassociation moves each of the 8 steps by a few ulps; 1e-5 relative
+# leaves a wide margin (observed <= 1e-6). A wrong update (e.g. one
+# replica's gradients accumulated, or a missed step) moves weights by
+# 1e-2 or more.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _data():
+    rng = np.random.default_rng(20582)
+    x = rng.normal(size=(NUM_SAMPLES, 4)).astype("float32")
+    y = rng.normal(size=(NUM_SAMPLES, 1)).astype("float32")
+    return x, y
+
+
+def _fit(scope, config):
+    """Fits from fixed initial weights under ``scope``; flat weights."""
+    x, y = _data()
+    with scope:
+        model = keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(3, kernel_initializer="ones"),
+                keras.layers.Dense(1, kernel_initializer="ones"),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(
+                0.01, momentum=0.5, **CONFIGS[config]
+            ),
+            loss="mse",
+        )
+        model.fit(
+            x,
+            y,
+            batch_size=GLOBAL_BATCH,
+            epochs=EPOCHS,
+            shuffle=False,
+            verbose=0,
+        )
+    return np.concatenate([np.ravel(w) for w in model.get_weights()])
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_conditional_updates_match_one_device(topology, config):
+    """``fit`` with the optimizer ``config`` under the topology equals one
+    device on the same global batches."""
+    if topology.name == "multiworker-2":
+        pytest.skip("multiworker-2 runs the worker test")
+    if topology.backend == "torch" and topology.num_replicas > 1:
+        pytest.skip("torch has no multi-device Model.fit")
+    expected = _fit(contextlib.nullcontext(), config)
+    np.testing.assert_allclose(
+        _fit(topology.scope(), config), expected, rtol=RTOL, atol=ATOL
+    )
+
+
+def _multiworker_fits(rank, world_size):
+    """In each worker: every config, MultiWorkerMirrored vs one device."""
+    strategy = topologies.multi_worker_strategy(rank)
+    return {
+        config: [
+            _fit(strategy.scope(), config).tolist(),
+            _fit(contextlib.nullcontext(), config).tolist(),
+        ]
+        for config in sorted(CONFIGS)
+    }
+
+
+def test_multiworker_conditional_updates_match_one_device(topology):
+    """Two workers (one replica each) against one device in each worker.
+
+    On stock 3.15.1, ``fit`` under MultiWorkerMirroredStrategy fails before
+    the first step for another reason too (fix multiworker-fit)."""
+    if topology.name != "multiworker-2":
+        pytest.skip("multiworker-2 only")
+    runs = multiprocess.run_workers(
+        f"{__name__}:_multiworker_fits", world_size=2, timeout=300
+    )
+    for rank, fits in enumerate(runs):
+        for config, (result, expected) in fits.items():
+            np.testing.assert_allclose(
+                result,
+                expected,
+                rtol=RTOL,
+                atol=ATOL,
+                err_msg=f"worker {rank}: {config}",
+            )
