@@ -45,6 +45,12 @@ CASES = [
      {"samples": 4096, "batch_size": 64, "epochs": 2}),
     ("fit step, small MLP", "fit_step", "torch", "1",
      {"samples": 4096, "batch_size": 64, "epochs": 2}),
+    ("fit step, CNN + BatchNorm", "fit_step", "tensorflow", "1",
+     {"samples": 2048, "batch_size": 64, "epochs": 2, "model": "cnn"}),
+    ("fit step, CNN + BatchNorm", "fit_step", "tensorflow", "mirrored-2",
+     {"samples": 2048, "batch_size": 64, "epochs": 2, "model": "cnn"}),
+    ("fit step, CNN + BatchNorm", "fit_step", "jax", "8",
+     {"samples": 2048, "batch_size": 64, "epochs": 2, "model": "cnn"}),
 ]  # fmt: skip
 
 

@@ -43,16 +43,42 @@ def _mlp(keras):
     )
 
 
+def _cnn(keras):
+    """A small CNN with BatchNormalization (moving statistics per replica
+    under tf.distribute: the fork's bn-replica-stats syncs them each epoch).
+    Input: 16x16 RGB images."""
+    return keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(16, 3, padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.Conv2D(16, 3, padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+MODELS = {"mlp": (_mlp, (32,)), "cnn": (_cnn, (16, 16, 3))}
+
+
 def fit_step(opts):
-    """Mean step time of each epoch after the first (compilation) one."""
+    """Mean step time (seconds) of each epoch after the first (compilation)
+    one; ``opts["model"]`` is ``"mlp"`` (default) or ``"cnn"``. The epoch
+    time includes the work done at its end (e.g. the fork's sync of
+    on-read weights)."""
     import keras
     import numpy as np
 
     from integration_tests import topologies
 
     topology = topologies.current()
+    build, input_shape = MODELS[opts.get("model", "mlp")]
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(opts["samples"], 32)).astype("float32")
+    x = rng.normal(size=(opts["samples"], *input_shape)).astype("float32")
     y = rng.normal(size=(opts["samples"], 1)).astype("float32")
     times = []
 
@@ -64,7 +90,7 @@ def fit_step(opts):
             times.append(time.perf_counter() - self.start)
 
     with topology.scope():
-        model = _mlp(keras)
+        model = build(keras)
         model.compile(optimizer="sgd", loss="mse")
         model.fit(
             x,
