@@ -54,11 +54,12 @@ CASES = [
 ]  # fmt: skip
 
 
-def _measure(variant_dir, workload, backend, topology, opts, accelerator):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
-    env.pop("XLA_FLAGS", None)
-    env.update(topologies.env_for(backend, topology, accelerator))
-    env["PYTHONPATH"] = os.pathsep.join([str(variant_dir), str(pins.REPO_ROOT)])
+def _measure(
+    variant_dir, overlay, workload, backend, topology, opts, accelerator
+):
+    env = prove.child_env(
+        variant_dir, overlay, topologies.env_for(backend, topology, accelerator)
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "keras_fork.bench_worker", workload,
          json.dumps(opts)],
@@ -77,6 +78,7 @@ def _measure(variant_dir, workload, backend, topology, opts, accelerator):
 def run(layout, base, rounds, accelerator, cases, console):
     """Measures every case; returns the ``dist/bench.json`` document."""
     dirs = prove.install_variants(layout, base)
+    overlay = prove.install_overlay(layout, base)
     rows = []
     for case, workload, backend, topology, opts in cases:
         times = {"stock": [], "fork": []}
@@ -85,8 +87,8 @@ def run(layout, base, rounds, accelerator, cases, console):
             order = ("stock", "fork") if r % 2 == 0 else ("fork", "stock")
             for variant in order:
                 t, peak = _measure(
-                    dirs[variant], workload, backend, topology, opts,
-                    accelerator,
+                    dirs[variant], overlay, workload, backend, topology,
+                    opts, accelerator,
                 )  # fmt: skip
                 times[variant].append(t)
                 peaks[variant].append(peak)

@@ -14,7 +14,6 @@ matrix, which run every test file the series touches.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from keras_fork import pins
+from keras_fork import prove
 from keras_fork import series
 from keras_fork import wheel
 from keras_fork.errors import ForkError
@@ -81,14 +81,15 @@ def check_prefix(layout, base, k, backends, console) -> list[str]:
         if not tests:
             return failures
         for backend in backends:
-            env = dict(
-                os.environ,
-                KERAS_BACKEND=backend,
-                PYTHONPATH=str(target),
-                CUDA_VISIBLE_DEVICES="",
-                TF_CPP_MIN_LOG_LEVEL="2",
+            env = prove.child_env(
+                target,
+                topology_env={
+                    "KERAS_BACKEND": backend,
+                    "CUDA_VISIBLE_DEVICES": "",
+                    "TF_CPP_MIN_LOG_LEVEL": "2",
+                },
+                with_repo=False,
             )
-            env.pop("XLA_FLAGS", None)
             work = tmp / f"tests-{backend}"
             work.mkdir()
             for t in tests:

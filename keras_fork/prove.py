@@ -235,6 +235,38 @@ def install_variants(layout: pins.Layout, base: pins.Base) -> dict[str, Path]:
     }
 
 
+def child_env(
+    keras_dir: Path,
+    overlay: Path | None = None,
+    topology_env: dict[str, str] | None = None,
+    *,
+    with_repo: bool = True,
+) -> dict[str, str]:
+    """The environment of a child process that imports one keras variant.
+
+    Used by the proof cells, the benchmarks and the bisection, so that they
+    see the same keras, overlay and devices. From this process's
+    environment it drops ``PROOF_*`` (the settings of one cell) and
+    ``XLA_FLAGS`` (a topology sets its own device count, which must be in
+    place before jax starts), adds ``topology_env`` (e.g.
+    ``topologies.env_for(...)``: backend, devices), and sets ``PYTHONPATH``
+    to ``keras_dir``, then ``overlay`` (the base's test overlay, see
+    ``install_overlay``), then the repository root (for
+    ``integration_tests`` and ``keras_fork``; left out with
+    ``with_repo=False``): keras first, so it shadows any installed keras,
+    and the overlay before the virtual environment's packages.
+
+    Returns:
+        A new dict, for ``subprocess``'s ``env``.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
+    env.pop("XLA_FLAGS", None)
+    env.update(topology_env or {})
+    paths = [keras_dir, overlay, pins.REPO_ROOT if with_repo else None]
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths if p)
+    return env
+
+
 def install_overlay(layout: pins.Layout, base: pins.Base) -> Path | None:
     """Installs ``base.test_overlay`` (e.g. an older jax) for its cells.
 
@@ -364,13 +396,12 @@ def run_variant(
         test ran, or the ``timeout`` in seconds expired: the whole process
         group is then killed).
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
-    env.pop("XLA_FLAGS", None)
-    env.update(topologies.env_for(cell.backend, cell.topology, accelerator))
+    env = child_env(
+        keras_dir,
+        overlay,
+        topologies.env_for(cell.backend, cell.topology, accelerator),
+    )
     env.update(
-        PYTHONPATH=os.pathsep.join(
-            str(p) for p in (keras_dir, overlay, pins.REPO_ROOT) if p
-        ),
         PROOF_FIX=cell.fix,
         PROOF_BASE=cell.base,
         PROOF_VARIANT=variant,

@@ -1,5 +1,6 @@
 """The proof matrix: verdict rules and the matrix file itself."""
 
+import os
 import re
 from types import SimpleNamespace
 
@@ -109,3 +110,25 @@ def test_readme_has_the_generated_table_markers():
     for marker in (prove.README_BEGIN, prove.README_END, bench.README_BEGIN,
                    bench.README_END):  # fmt: skip
         assert text.count(marker) == 1, marker
+
+
+def test_child_env_puts_keras_first_and_drops_cell_settings(
+    monkeypatch, tmp_path
+):
+    """One environment for cells, benchmarks and bisection: a cell's
+    PROOF_* settings and XLA_FLAGS do not leak into the child; keras, then
+    the overlay, then the repository come first on PYTHONPATH."""
+    monkeypatch.setenv("PROOF_FIX", "leaked")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    keras_dir, overlay = tmp_path / "fork", tmp_path / "overlay"
+    env = prove.child_env(keras_dir, overlay, {"KERAS_BACKEND": "jax"})
+    assert "PROOF_FIX" not in env and "XLA_FLAGS" not in env
+    assert env["KERAS_BACKEND"] == "jax"
+    assert env["PYTHONPATH"].split(os.pathsep) == [
+        str(keras_dir),
+        str(overlay),
+        str(pins.REPO_ROOT),
+    ]
+    bare = prove.child_env(keras_dir, with_repo=False)
+    assert bare["PYTHONPATH"] == str(keras_dir)
