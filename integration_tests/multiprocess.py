@@ -65,6 +65,25 @@ def _tail(path: Path, n: int = 15) -> str:
         return "(no log)"
 
 
+def _start_worker(
+    target: str, rank: int, folder: Path, env: dict
+) -> subprocess.Popen:
+    """Starts ``python -m integration_tests.multiprocess target`` as rank
+    ``rank`` in its own session (so its whole group can be killed), with
+    ``env`` over this process's environment, ``WORKER_RESULT`` in
+    ``folder`` and its output in ``folder/worker-<rank>.log``."""
+    wenv = dict(os.environ, **env)
+    wenv["WORKER_RESULT"] = str(folder / f"result-{rank}.json")
+    with open(folder / f"worker-{rank}.log", "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", __name__, target],
+            env=wenv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def run_workers(
     target: str,
     world_size: int = 2,
@@ -95,27 +114,16 @@ def run_workers(
         procs = []
         try:
             for rank in range(world_size):
-                wenv = dict(os.environ, **(env or {}))
-                wenv.update(
+                wenv = dict(
+                    env or {},
                     RANK=str(rank),
                     LOCAL_RANK=str(rank),
                     WORLD_SIZE=str(world_size),
                     MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port),
                     WORKER_PORTS=worker_ports,
-                    WORKER_RESULT=str(tmp / f"result-{rank}.json"),
                 )
-                log = open(tmp / f"worker-{rank}.log", "w")
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", __name__, target],
-                        env=wenv,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-                log.close()
+                procs.append(_start_worker(target, rank, tmp, wenv))
             deadline = time.monotonic() + timeout
             pending = set(range(world_size))
             while pending:
@@ -175,23 +183,15 @@ def kill_at_signal(
         os.mkfifo(fifo)
         # Non-blocking open: the read end exists before the worker starts.
         fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        wenv = dict(os.environ, **(env or {}))
-        wenv.update(
+        wenv = dict(
+            env or {},
             RANK="0",
             LOCAL_RANK="0",
             WORLD_SIZE="1",
             WORKER_SIGNAL=str(fifo),
-            WORKER_RESULT=str(tmp / "result-0.json"),
         )
         log_path = tmp / "worker-0.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, target],
-                env=wenv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        proc = _start_worker(target, 0, tmp, wenv)
         try:
             deadline = time.monotonic() + timeout
             while True:

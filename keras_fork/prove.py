@@ -321,30 +321,45 @@ def pip_install_target(dest: Path, sources: list[str], digest: str, what: str):
     return dest
 
 
-def _junit_counts(path: Path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class JUnitResult:
+    """What a run's JUnit (xunit1) file says, read in one pass.
+
+    ``counts``: the suite's tests, failures, errors and skipped (empty when
+    the file is missing or unreadable); ``cases``: name, outcome
+    (passed/failure/error/skipped) and role (``proof`` unless the test's
+    marker says otherwise) of each test case; ``first_failure``: "name:
+    first message line" of the first failed or erroring case, or "".
+    """
+
+    counts: dict
+    cases: list
+    first_failure: str
+
+
+def read_junit(path: Path) -> JUnitResult:
+    """Parses ``path`` once; see ``JUnitResult``."""
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError):
-        return {}
+        return JUnitResult({}, [], "")
     suite = root if root.tag == "testsuite" else root.find("testsuite")
-    if suite is None:
-        return {}
-    return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors",
-                                                "skipped")}  # fmt: skip
-
-
-def _cases(path: Path) -> list[dict]:
-    """Test cases of a JUnit (xunit1) file: name, outcome and role."""
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return []
-    cases = []
+    counts = {}
+    if suite is not None:
+        keys = ("tests", "failures", "errors", "skipped")
+        counts = {k: int(suite.get(k, 0)) for k in keys}
+    cases, first_failure = [], ""
     for case in root.iter("testcase"):
         outcome = "passed"
         for tag in ("failure", "error", "skipped"):
-            if case.find(tag) is not None:
-                outcome = tag
+            node = case.find(tag)
+            if node is None:
+                continue
+            outcome = tag
+            if tag != "skipped" and not first_failure:
+                lines = (node.get("message") or "").splitlines()
+                msg = next((ln.strip() for ln in lines if ln.strip()), tag)
+                first_failure = f"{case.get('name')}: {msg}"[:300]
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         cases.append(
             {
@@ -353,22 +368,7 @@ def _cases(path: Path) -> list[dict]:
                 "role": props.get("role", "proof"),
             }
         )
-    return cases
-
-
-def _first_failure(path: Path) -> str:
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return ""
-    for case in root.iter("testcase"):
-        for tag in ("failure", "error"):
-            node = case.find(tag)
-            if node is not None:
-                lines = (node.get("message") or "").splitlines()
-                msg = next((ln.strip() for ln in lines if ln.strip()), tag)
-                return f"{case.get('name')}: {msg}"[:300]
-    return ""
+    return JUnitResult(counts, cases, first_failure)
 
 
 def run_variant(
@@ -443,14 +443,15 @@ def run_variant(
             proc.wait()
             code = None
     seconds = round(time.monotonic() - start, 1)
-    counts = _junit_counts(junit)
+    result = read_junit(junit)
+    counts = result.counts
     ran = counts.get("tests", 0) - counts.get("skipped", 0)
     if code is None:
         outcome, detail = "error", f"timed out after {timeout + 60:.0f}s"
     elif code == 0 and ran > 0:
         outcome, detail = "pass", f"{ran} passed"
     elif code == 1 and counts.get("failures", 0) + counts.get("errors", 0):
-        outcome, detail = "fail", _first_failure(junit)
+        outcome, detail = "fail", result.first_failure
     else:
         tail = log.read_text().strip().splitlines()[-3:]
         outcome = "error"
@@ -465,7 +466,7 @@ def run_variant(
         "counts": counts,
         "passed_tests": [
             c["name"]
-            for c in _cases(junit)
+            for c in result.cases
             if c["outcome"] == "passed" and c["role"] == "proof"
         ],
     }

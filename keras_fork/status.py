@@ -159,13 +159,14 @@ def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
             if nightly_target:
                 targets.append(nightly_target)
             patches = series.read_series(layout, b)
+            repo_only = series.read_repo_only(layout, b)
             for target, archive, shipped in targets:
                 tree = _unpack_any(archive, Path(tmp) / f"{b.version}-{target}")
                 states = check_series(tree, patches)
                 states += ["n/a (repo-only: file not in the sdist)"] * len(
-                    series.read_repo_only(layout, b)
+                    repo_only
                 )
-                names = patches + series.read_repo_only(layout, b)
+                names = patches + repo_only
                 for patch, state in zip(names, states):
                     rows.append(
                         {

@@ -132,3 +132,36 @@ def test_child_env_puts_keras_first_and_drops_cell_settings(
     ]
     bare = prove.child_env(keras_dir, with_repo=False)
     assert bare["PYTHONPATH"] == str(keras_dir)
+
+
+def test_read_junit_in_one_pass(tmp_path):
+    path = tmp_path / "run.xml"
+    path.write_text(
+        '<testsuites><testsuite tests="3" failures="1" errors="0" '
+        'skipped="1">'
+        '<testcase name="test_ok"><properties><property name="role" '
+        'value="guard"/></properties></testcase>'
+        '<testcase name="test_bad"><failure message="\nAssertionError: x\n"/>'
+        "</testcase>"
+        '<testcase name="test_skip"><skipped message="n/a"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    result = prove.read_junit(path)
+    assert result.counts == {
+        "tests": 3,
+        "failures": 1,
+        "errors": 0,
+        "skipped": 1,
+    }
+    assert [(c["name"], c["outcome"], c["role"]) for c in result.cases] == [
+        ("test_ok", "passed", "guard"),
+        ("test_bad", "failure", "proof"),
+        ("test_skip", "skipped", "proof"),
+    ]
+    assert result.first_failure == "test_bad: AssertionError: x"
+    missing = prove.read_junit(tmp_path / "none.xml")
+    assert (missing.counts, missing.cases, missing.first_failure) == (
+        {},
+        [],
+        "",
+    )
