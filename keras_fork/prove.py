@@ -244,17 +244,35 @@ def child_env(
 ) -> dict[str, str]:
     """The environment of a child process that imports one keras variant.
 
-    Used by the proof cells, the benchmarks and the bisection, so that they
-    see the same keras, overlay and devices. From this process's
-    environment it drops ``PROOF_*`` (the settings of one cell) and
-    ``XLA_FLAGS`` (a topology sets its own device count, which must be in
-    place before jax starts), adds ``topology_env`` (e.g.
-    ``topologies.env_for(...)``: backend, devices), and sets ``PYTHONPATH``
-    to ``keras_dir``, then ``overlay`` (the base's test overlay, see
-    ``install_overlay``), then the repository root (for
-    ``integration_tests`` and ``keras_fork``; left out with
-    ``with_repo=False``): keras first, so it shadows any installed keras,
-    and the overlay before the virtual environment's packages.
+    One rule for the proof cells (``run_variant``), the benchmarks
+    (``bench._measure``) and the bisection (``bisect.check_prefix``), so
+    that they see the same keras, overlay and devices. Starting from this
+    process's environment:
+
+    1. ``PROOF_*`` variables are dropped: they are the settings of one cell
+       (``run_variant`` adds the child's own afterwards).
+    2. ``XLA_FLAGS`` is dropped: a topology sets its own device count, and
+       jax reads ``XLA_FLAGS`` once, when its backend starts, so it must be
+       right in the child's initial environment
+       (https://docs.jax.dev/en/latest/xla_flags.html).
+    3. ``topology_env`` is added over it.
+    4. ``PYTHONPATH`` is replaced by ``keras_dir``, ``overlay``, the
+       repository root, in that order. ``PYTHONPATH`` entries come before
+       site-packages on ``sys.path``
+       (https://docs.python.org/3/using/cmdline.html#envvar-PYTHONPATH),
+       so this keras shadows any installed one and the overlay shadows the
+       virtual environment's packages.
+
+    Args:
+        keras_dir: where the keras variant is installed (a ``pip --target``
+            folder).
+        overlay: the base's test overlay (see ``install_overlay``), or
+            ``None`` for none.
+        topology_env: variables to set, e.g. ``topologies.env_for(...)``
+            (backend, devices); ``None`` for none.
+        with_repo: whether the repository root (``integration_tests``,
+            ``keras_fork``) goes on ``PYTHONPATH``; the bisection, which runs
+            upstream's own test files, leaves it out.
 
     Returns:
         A new dict, for ``subprocess``'s ``env``.

@@ -91,3 +91,26 @@ def test_kill_at_signal_kills_the_worker_when_it_asks(tmp_path):
 def test_kill_at_signal_reports_a_worker_that_exits_first():
     with pytest.raises(multiprocess.WorkerError, match="status 3 before"):
         multiprocess.kill_at_signal("tests.mp_targets:exit_early", timeout=60)
+
+
+def test_start_worker_own_session_env_over_ours_log_and_result(
+    monkeypatch, tmp_path
+):
+    """The one way both run_workers and kill_at_signal start a worker."""
+    monkeypatch.setenv("MP_OUTER", "kept")
+    monkeypatch.setenv("RANK", "99")
+    env = {"RANK": "0", "WORLD_SIZE": "1", "PID_DIR": str(tmp_path)}
+    proc = multiprocess._start_worker("tests.mp_targets:hang", 0, tmp_path, env)
+    try:
+        assert os.getsid(proc.pid) == proc.pid  # its group can be killed
+        with open(f"/proc/{proc.pid}/environ", "rb") as f:
+            seen = dict(
+                item.decode().split("=", 1)
+                for item in f.read().split(b"\0")
+                if item
+            )
+    finally:
+        multiprocess._kill([proc])
+    assert seen["MP_OUTER"] == "kept" and seen["RANK"] == "0"
+    assert seen["WORKER_RESULT"] == str(tmp_path / "result-0.json")
+    assert (tmp_path / "worker-0.log").exists()

@@ -165,3 +165,25 @@ def test_read_junit_in_one_pass(tmp_path):
         [],
         "",
     )
+
+
+def test_child_env_matches_what_bisect_and_bench_built_before(
+    monkeypatch, tmp_path
+):
+    """The callers' former inline environments, less PROOF_* (which the
+    bisection used to pass on) and plus the overlay (which the benchmark
+    used to leave out)."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    monkeypatch.setenv("PROOF_FIX", "leaked")
+    target = tmp_path / "site"
+    cpu = {"KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": "",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}  # fmt: skip
+    before = dict(os.environ, PYTHONPATH=str(target), **cpu)
+    del before["XLA_FLAGS"], before["PROOF_FIX"]
+    assert prove.child_env(target, topology_env=cpu, with_repo=False) == before
+    topo = topologies.env_for("jax", "8", "cpu")
+    before = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
+    del before["XLA_FLAGS"]
+    before.update(topo)
+    before["PYTHONPATH"] = os.pathsep.join([str(target), str(pins.REPO_ROOT)])
+    assert prove.child_env(target, None, topo) == before  # base without overlay
