@@ -49,6 +49,10 @@ CASES = [
      {"samples": 8192, "batch_size": 64, "epochs": 2, "model": "cnn"}),
     ("fit step, CNN + BatchNorm", "fit_step", "tensorflow", "mirrored-2",
      {"samples": 8192, "batch_size": 64, "epochs": 2, "model": "cnn"}),
+    ("fit step, MLP + accuracy/AUC", "fit_step", "tensorflow", "1",
+     {"samples": 4096, "batch_size": 64, "epochs": 2, "metrics": True}),
+    ("fit step, MLP + accuracy/AUC", "fit_step", "tensorflow", "mirrored-2",
+     {"samples": 4096, "batch_size": 64, "epochs": 2, "metrics": True}),
     # 8 virtual devices on 2 cores: a longer conv run can starve one
     # device thread past XLA's 40 s collective rendezvous timeout.
     ("fit step, CNN + BatchNorm", "fit_step", "jax", "8",

@@ -67,9 +67,11 @@ MODELS = {"mlp": (_mlp, (32,)), "cnn": (_cnn, (16, 16, 3))}
 
 def fit_step(opts):
     """Mean step time (seconds) of each epoch after the first (compilation)
-    one; ``opts["model"]`` is ``"mlp"`` (default) or ``"cnn"``. The epoch
-    time includes the work done at its end (e.g. the fork's sync of
-    on-read weights)."""
+    one; ``opts["model"]`` is ``"mlp"`` (default) or ``"cnn"``. With
+    ``opts["metrics"]``, the model also tracks binary accuracy and AUC (200
+    thresholds) on 0/1 targets: their state is what the fork's
+    per-batch-logs sums over replicas every step. The epoch time includes
+    the work done at its end (e.g. the fork's sync of on-read weights)."""
     import keras
     import numpy as np
 
@@ -80,6 +82,10 @@ def fit_step(opts):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(opts["samples"], *input_shape)).astype("float32")
     y = rng.normal(size=(opts["samples"], 1)).astype("float32")
+    metrics = []
+    if opts.get("metrics"):
+        y = (y > 0).astype("float32")
+        metrics = ["binary_accuracy", keras.metrics.AUC(name="auc")]
     times = []
 
     class Timer(keras.callbacks.Callback):
@@ -91,7 +97,7 @@ def fit_step(opts):
 
     with topology.scope():
         model = build(keras)
-        model.compile(optimizer="sgd", loss="mse")
+        model.compile(optimizer="sgd", loss="mse", metrics=metrics)
         model.fit(
             x,
             y,
