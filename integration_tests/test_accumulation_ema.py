@@ -107,6 +107,66 @@ def test_conditional_updates_match_one_device(topology, config):
     )
 
 
+def _fit_loss_scaled(scope, accumulate):
+    """Fits with a LossScaleOptimizer whose dynamic scale grows every 2
+    steps from 2**15; flat weights and the final scale."""
+    x, y = _data()
+    with scope:
+        model = keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(3, kernel_initializer="ones"),
+                keras.layers.Dense(1, kernel_initializer="ones"),
+            ]
+        )
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(
+                0.01,
+                momentum=0.5,
+                gradient_accumulation_steps=2 if accumulate else None,
+            ),
+            initial_scale=2.0**15,
+            dynamic_growth_steps=2,
+        )
+        model.compile(optimizer=optimizer, loss="mse")
+        model.fit(
+            x,
+            y,
+            batch_size=GLOBAL_BATCH,
+            epochs=EPOCHS,
+            shuffle=False,
+            verbose=0,
+        )
+    weights = np.concatenate([np.ravel(w) for w in model.get_weights()])
+    return weights, float(np.asarray(optimizer.dynamic_scale))
+
+
+@pytest.mark.parametrize(
+    "accumulate",
+    [
+        # LossScaleOptimizer alone already worked under replicas on stock.
+        pytest.param(
+            False, marks=pytest.mark.fix("accumulation-ema", role="guard")
+        ),
+        True,
+    ],
+)
+def test_loss_scale_optimizer_matches_one_device(topology, accumulate):
+    """LossScaleOptimizer (its skip-or-apply condition and its dynamic
+    scale), also over gradient accumulation, equals one device."""
+    if topology.name == "multiworker-2":
+        pytest.skip("multiworker-2 runs the worker test")
+    if topology.backend == "torch" and topology.num_replicas > 1:
+        pytest.skip("torch has no multi-device Model.fit")
+    weights, scale = _fit_loss_scaled(topology.scope(), accumulate)
+    expected_weights, expected_scale = _fit_loss_scaled(
+        contextlib.nullcontext(), accumulate
+    )
+    # The scale is a power of two, doubled only after finite steps: exact.
+    assert scale == expected_scale
+    np.testing.assert_allclose(weights, expected_weights, rtol=RTOL, atol=ATOL)
+
+
 def _multiworker_fits(rank, world_size):
     """In each worker: every config, MultiWorkerMirrored vs one device."""
     strategy = topologies.multi_worker_strategy(rank)
