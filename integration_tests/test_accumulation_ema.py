@@ -65,9 +65,19 @@ def _data():
     return x, y
 
 
-def _fit(scope, config):
-    """Fits from fixed initial weights under ``scope``; flat weights."""
+def _fit(scope, config, process=None):
+    """Fits from fixed initial weights under ``scope``; flat weights.
+
+    ``process=(rank, world_size)``: feed only that process's part of every
+    global batch (a multi-process JAX job, see ``topologies.local_part``).
+    """
     x, y = _data()
+    batch_size = GLOBAL_BATCH
+    if process is not None:
+        x, y = (
+            topologies.local_part(a, *process, GLOBAL_BATCH) for a in (x, y)
+        )
+        batch_size = GLOBAL_BATCH // process[1]
     with scope:
         model = keras.Sequential(
             [
@@ -85,7 +95,7 @@ def _fit(scope, config):
         model.fit(
             x,
             y,
-            batch_size=GLOBAL_BATCH,
+            batch_size=batch_size,
             epochs=EPOCHS,
             shuffle=False,
             verbose=0,
@@ -97,8 +107,8 @@ def _fit(scope, config):
 def test_conditional_updates_match_one_device(topology, config):
     """``fit`` with the optimizer ``config`` under the topology equals one
     device on the same global batches."""
-    if topology.name == "multiworker-2":
-        pytest.skip("multiworker-2 runs the worker test")
+    if topology.name in ("multiworker-2", "procs-2"):
+        pytest.skip(f"{topology.name} runs the worker test")
     if topology.backend == "torch" and topology.num_replicas > 1:
         pytest.skip("torch has no multi-device Model.fit")
     expected = _fit(contextlib.nullcontext(), config)
@@ -154,8 +164,8 @@ def _fit_loss_scaled(scope, accumulate):
 def test_loss_scale_optimizer_matches_one_device(topology, accumulate):
     """LossScaleOptimizer (its skip-or-apply condition and its dynamic
     scale), also over gradient accumulation, equals one device."""
-    if topology.name == "multiworker-2":
-        pytest.skip("multiworker-2 runs the worker test")
+    if topology.name in ("multiworker-2", "procs-2"):
+        pytest.skip(f"{topology.name} runs the worker test")
     if topology.backend == "torch" and topology.num_replicas > 1:
         pytest.skip("torch has no multi-device Model.fit")
     weights, scale = _fit_loss_scaled(topology.scope(), accumulate)
@@ -197,4 +207,39 @@ def test_multiworker_conditional_updates_match_one_device(topology):
                 rtol=RTOL,
                 atol=ATOL,
                 err_msg=f"worker {rank}: {config}",
+            )
+
+
+def _jax_process_fits(rank, world_size):
+    """In each ``jax/procs-2`` worker: every config under DataParallel over
+    both processes (each feeding its part of every global batch) and on
+    this process's one device with the whole global batches."""
+    distribution = topologies.jax_processes(rank, world_size)
+    return {
+        config: [
+            _fit(distribution.scope(), config, (rank, world_size)).tolist(),
+            _fit(contextlib.nullcontext(), config).tolist(),
+        ]
+        for config in sorted(CONFIGS)
+    }
+
+
+@pytest.mark.fix("accumulation-ema", role="guard")
+def test_jax_processes_conditional_updates_match_one_device(topology):
+    """jax/procs-2: JAX computes the update on the global arrays, so the
+    conditional updates were already right (guard of the N processes = 1
+    device invariant)."""
+    if topology.name != "procs-2":
+        pytest.skip("jax/procs-2 only")
+    runs = multiprocess.run_workers(
+        f"{__name__}:_jax_process_fits", world_size=2, timeout=300
+    )
+    for rank, fits in enumerate(runs):
+        for config, (result, expected) in fits.items():
+            np.testing.assert_allclose(
+                result,
+                expected,
+                rtol=RTOL,
+                atol=ATOL,
+                err_msg=f"process {rank}: {config}",
             )

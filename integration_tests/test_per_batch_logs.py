@@ -89,13 +89,22 @@ def _data(num_samples):
     return x, y
 
 
-def _batch_logs(scope, num_samples):
+def _batch_logs(scope, num_samples, process=None):
     """Fits and evaluates a fixed-initialized model under ``scope``.
+
+    ``process=(rank, world_size)``: feed only that process's part of every
+    global batch (a multi-process JAX job, see ``topologies.local_part``).
 
     Returns:
         {"train": [logs of each step], "test": [...], "epochs": {...}}.
     """
     x, y = _data(num_samples)
+    batch_size = GLOBAL_BATCH
+    if process is not None:
+        x, y = (
+            topologies.local_part(a, *process, GLOBAL_BATCH) for a in (x, y)
+        )
+        batch_size = GLOBAL_BATCH // process[1]
     with scope:
         model = keras.Sequential(
             [
@@ -117,15 +126,13 @@ def _batch_logs(scope, num_samples):
         history = model.fit(
             x,
             y,
-            batch_size=GLOBAL_BATCH,
+            batch_size=batch_size,
             epochs=EPOCHS,
             shuffle=False,
             verbose=0,
             callbacks=[logs],
         )
-        model.evaluate(
-            x, y, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[logs]
-        )
+        model.evaluate(x, y, batch_size=batch_size, verbose=0, callbacks=[logs])
     return {"train": logs.train, "test": logs.test, "epochs": history.history}
 
 
@@ -147,8 +154,8 @@ def _assert_same_logs(result, expected, where=""):
 
 
 def _skip_unsupported(topology, num_samples):
-    if topology.name == "multiworker-2":
-        pytest.skip("multiworker-2 runs the worker test")
+    if topology.name in ("multiworker-2", "procs-2"):
+        pytest.skip(f"{topology.name} runs the worker test")
     if topology.backend == "torch" and topology.num_replicas > 1:
         pytest.skip("torch has no multi-device Model.fit")
     if num_samples % GLOBAL_BATCH % topology.num_replicas and (
@@ -204,3 +211,27 @@ def test_multiworker_batch_logs_match_one_device(topology):
     )
     for rank, (result, expected) in enumerate(runs):
         _assert_same_logs(result, expected, where=f"worker {rank}")
+
+
+def _jax_process_logs(rank, world_size):
+    """In each ``jax/procs-2`` worker: batch logs under DataParallel over
+    both processes (each feeding its part of every global batch) and on
+    this process's one device with the whole global batches."""
+    distribution = topologies.jax_processes(rank, world_size)
+    return [
+        _batch_logs(distribution.scope(), EVEN, (rank, world_size)),
+        _batch_logs(contextlib.nullcontext(), EVEN),
+    ]
+
+
+@pytest.mark.fix("per-batch-logs", role="guard")
+def test_jax_processes_batch_logs_match_one_device(topology):
+    """jax/procs-2: JAX computes the metrics on the global arrays, so the
+    batch logs were already those of one device (guard)."""
+    if topology.name != "procs-2":
+        pytest.skip("jax/procs-2 only")
+    runs = multiprocess.run_workers(
+        f"{__name__}:_jax_process_logs", world_size=2, timeout=300
+    )
+    for rank, (result, expected) in enumerate(runs):
+        _assert_same_logs(result, expected, where=f"process {rank}")

@@ -13,6 +13,9 @@ import keras
 import numpy as np
 import pytest
 
+from integration_tests import multiprocess
+from integration_tests import topologies
+
 pytestmark = pytest.mark.fix("seeded-shuffle")
 
 NUM_SAMPLES = 64
@@ -70,6 +73,11 @@ def _fit(model, x, y):
     return np.array(history.history["loss"])
 
 
+def _skip_multi_process(topology):
+    if topology.name == "procs-2":
+        pytest.skip("procs-2 runs the worker test")
+
+
 def test_one_seed_gives_the_same_order_to_consecutive_models(topology):
     """keras#20577: Sequential, then an identically initialized subclassed
     model, after ONE ``set_random_seed``: the same global batches in the same
@@ -82,6 +90,7 @@ def test_one_seed_gives_the_same_order_to_consecutive_models(topology):
     measures that (a model trained on another order must differ by > 1e-3),
     so the assertion cannot pass by the trajectory being order-insensitive.
     """
+    _skip_multi_process(topology)
     x, y = _data()
     keras.utils.set_random_seed(1)
     with topology.scope():
@@ -113,6 +122,7 @@ def test_one_seed_gives_the_same_order_to_consecutive_models(topology):
 def test_fit_leaves_global_rng_state_untouched(topology, shuffle):
     """Shuffling draws from a private generator: NumPy's, Python's and
     torch's global RNG states are exactly as before ``fit``."""
+    _skip_multi_process(topology)
     x, y = _data()
     keras.utils.set_random_seed(7)
     with topology.scope():
@@ -144,4 +154,61 @@ def test_fit_leaves_global_rng_state_untouched(topology, shuffle):
 
         assert torch.equal(torch.get_rng_state(), torch_state), (
             "torch global RNG was advanced"
+        )
+
+
+LOCAL_SAMPLES = 32  # per process
+LOCAL_BATCH = 8
+
+
+def _process_orders(rank, world_size):
+    """In each ``jax/procs-2`` worker: the order in which Keras's epoch
+    iterator (what ``fit`` consumes) yields this process's samples, per
+    epoch, after rank 0 alone used the global NumPy and Python RNGs."""
+    topologies.jax_processes(rank, world_size)
+    from keras.src.backend.jax.trainer import JAXEpochIterator
+
+    if rank == 0:
+        # Unrelated global RNG use on one process only (e.g. augmentation
+        # or logging that samples on the chief).
+        np.random.random()
+        random.random()
+    ids = np.arange(LOCAL_SAMPLES, dtype="float32")[:, None]
+    iterator = JAXEpochIterator(
+        x=ids, y=ids, batch_size=LOCAL_BATCH, shuffle=True
+    )
+    orders = []
+    for _ in range(EPOCHS):
+        order = []
+        with iterator.catch_stop_iteration():
+            for _, _, batches in iterator:
+                for batch in batches:
+                    order += np.asarray(batch[0])[:, 0].astype(int).tolist()
+        orders.append(order)
+    return orders
+
+
+def test_processes_shuffle_alike_despite_one_process_global_rng_use(
+    topology,
+):
+    """jax/procs-2: each process feeds its own samples (Keras 3.15.1 takes
+    per-process NumPy data in a multi-process JAX job), shuffled with the
+    Keras seed that ``keras.distribution.initialize`` agrees on. Every
+    process must use the same permutation in an epoch, so that the job's
+    order is reproducible and does not depend on which process did what.
+    Stock shuffles with the global NumPy RNG: one process's unrelated draw
+    gives it another order. Exact comparison: the orders are indices."""
+    if topology.name != "procs-2":
+        pytest.skip("jax/procs-2 only")
+    per_process = multiprocess.run_workers(
+        f"{__name__}:_process_orders", topology.num_replicas, timeout=240
+    )
+    for rank, orders in enumerate(per_process):
+        for epoch, order in enumerate(orders):
+            assert sorted(order) == list(range(LOCAL_SAMPLES)), (
+                f"process {rank}, epoch {epoch}: not a permutation: {order}"
+            )
+    for epoch in range(EPOCHS):
+        assert per_process[0][epoch] == per_process[1][epoch], (
+            f"epoch {epoch}: the processes shuffled differently"
         )

@@ -41,12 +41,27 @@ TOPOLOGIES = {
         "TF_CONFIG on 127.0.0.1 (tests start them with "
         "integration_tests.multiprocess; the test process itself is 1 device)",
     ),
+    ("jax", "procs-2"): (
+        2,
+        "2 worker processes, jax.distributed on 127.0.0.1 (gloo CPU "
+        "collectives, or one GPU each), keras.distribution.DataParallel over "
+        "both processes' devices, each process feeding its part of every "
+        "global batch (tests start them with integration_tests.multiprocess; "
+        "the test process itself is 1 device)",
+    ),
     ("torch", "1"): (1, "one device"),
     ("torch", "ddp-2"): (
         2,
         "2 worker processes, torch.distributed gloo rendezvous on 127.0.0.1 "
         "(tests start them with integration_tests.multiprocess)",
     ),
+}
+# Topologies whose replicas are worker processes: the test process itself
+# has one device and starts the workers (``integration_tests.multiprocess``).
+MULTI_PROCESS = {
+    ("jax", "procs-2"),
+    ("tensorflow", "multiworker-2"),
+    ("torch", "ddp-2"),
 }
 # The upstream-style unit tests a fix's patches add, run with Keras's own
 # test files on one device: stock runs only the added tests (they must fail),
@@ -82,7 +97,7 @@ def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
         if backend == "jax":
             env["JAX_PLATFORMS"] = "cpu"
-            if replicas > 1:
+            if replicas > 1 and (backend, topology) not in MULTI_PROCESS:
                 env["XLA_FLAGS"] = (
                     f"--xla_force_host_platform_device_count={replicas}"
                 )
@@ -109,6 +124,11 @@ class Topology:
         """Context under which a test creates, compiles and fits models."""
         if self.strategy is not None:
             return self.strategy.scope()
+        if (self.backend, self.name) == ("jax", "procs-2"):
+            raise RuntimeError(
+                "jax/procs-2: the test process has one device; train in "
+                "workers (multiprocess.run_workers, jax_processes)"
+            )
         if self.backend == "jax" and self.num_replicas > 1:
             return _jax_data_parallel()
         return contextlib.nullcontext()
@@ -147,6 +167,80 @@ def multi_worker_strategy(rank: int):
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
+def jax_processes(rank: int, world_size: int):
+    """In a ``jax/procs-2`` worker: joins the job, returns the distribution.
+
+    Call first thing in a worker started by ``multiprocess.run_workers``
+    (before any JAX computation). ``keras.distribution.initialize`` starts
+    ``jax.distributed`` with the coordinator at ``MASTER_ADDR:MASTER_PORT``
+    (127.0.0.1) and agrees on one Keras seed across the processes (it sums
+    a seed drawn by each). On CPU, cross-process collectives use gloo
+    (https://docs.jax.dev/en/latest/multi_process.html); on GPU, each worker
+    sees one GPU.
+
+    Returns:
+        ``keras.distribution.DataParallel`` over every process's devices,
+        with ``auto_shard_dataset=False``: in Keras 3.15.1 a multi-process
+        JAX job is fed per-process NumPy data, each process its part of
+        every global batch (see ``local_part``).
+    """
+    gpu = os.environ.get("PROOF_ACCELERATOR", "cpu") == "gpu"
+    if gpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    import jax
+
+    if not gpu:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    import keras
+
+    keras.distribution.initialize(
+        job_addresses=(
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        ),
+        num_processes=world_size,
+        process_id=rank,
+    )
+    return keras.distribution.DataParallel(
+        devices=jax.devices(), auto_shard_dataset=False
+    )
+
+
+def local_part(array, rank: int, world_size: int, global_batch: int):
+    """Rows of ``array`` that process ``rank`` feeds in a multi-process job.
+
+    Global batch ``b`` is rows ``[b * global_batch, (b + 1) * global_batch)``
+    of ``array``; process ``rank`` feeds the ``rank``-th of its
+    ``world_size`` equal parts, so that the processes' local batches, in
+    process order, make up the global batch one device would see (JAX
+    places them so: ``jax.make_array_from_process_local_data``).
+
+    Args:
+        array: NumPy array, ``(num_samples, ...)``; ``num_samples`` a
+            multiple of ``global_batch``, itself a multiple of
+            ``world_size``.
+
+    Returns:
+        NumPy array, ``(num_samples // world_size, ...)``.
+
+    Raises:
+        ValueError: the sizes do not divide.
+    """
+    import numpy as np
+
+    if len(array) % global_batch or global_batch % world_size:
+        raise ValueError(
+            f"{len(array)} samples in global batches of {global_batch} do "
+            f"not split evenly over {world_size} processes"
+        )
+    local = global_batch // world_size
+    return np.concatenate(
+        [
+            array[start + rank * local : start + (rank + 1) * local]
+            for start in range(0, len(array), global_batch)
+        ]
+    )
+
+
 _CURRENT = None
 
 
@@ -169,7 +263,9 @@ def current() -> Topology:
     gpu = os.environ.get("PROOF_ACCELERATOR", "cpu") == "gpu"
     replicas, _ = TOPOLOGIES[(backend, name)]
     strategy = None
-    if backend == "jax":
+    if (backend, name) in MULTI_PROCESS:
+        pass  # the workers set up their own devices
+    elif backend == "jax":
         import jax
 
         devices = jax.devices()

@@ -4,6 +4,7 @@ import os
 import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from integration_tests import topologies
@@ -42,6 +43,39 @@ def test_matrix_is_valid_and_every_fix_is_proven_somewhere():
         assert c.base in bases, c
         assert c.expect in ("proven", "guard", "n/a")
         assert c.expect != "n/a" or c.reason
+
+
+def test_every_fix_lists_every_topology():
+    # A cell where a backend has no such concept is "n/a" with its reason,
+    # never silently absent.
+    listed = {}
+    for c in prove.load_matrix():
+        listed.setdefault((c.base, c.fix), set()).add((c.backend, c.topology))
+    for key, cells in listed.items():
+        missing = set(topologies.TOPOLOGIES) - cells
+        assert not missing, (key, sorted(missing))
+
+
+def test_multi_process_topologies_leave_devices_to_the_workers():
+    env = topologies.env_for("jax", "procs-2", "cpu")
+    assert "XLA_FLAGS" not in env
+    assert env["JAX_PLATFORMS"] == "cpu"
+    for backend, topology in topologies.MULTI_PROCESS:
+        assert topologies.known(backend, topology)
+
+
+def test_local_part_rebuilds_the_global_batches():
+    x = np.arange(48)
+    parts = [topologies.local_part(x, r, 2, 16) for r in range(2)]
+    for b in range(3):
+        local = [p[8 * b : 8 * (b + 1)] for p in parts]
+        assert np.concatenate(local).tolist() == list(
+            range(16 * b, 16 * b + 16)
+        )
+    with pytest.raises(ValueError, match="do not split evenly"):
+        topologies.local_part(np.arange(40), 0, 2, 16)
+    with pytest.raises(ValueError, match="do not split evenly"):
+        topologies.local_part(np.arange(48), 0, 3, 16)
 
 
 def test_every_fix_has_integration_tests():
