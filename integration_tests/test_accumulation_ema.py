@@ -72,12 +72,9 @@ def _fit(scope, config, process=None):
     global batch (a multi-process JAX job, see ``topologies.local_part``).
     """
     x, y = _data()
-    batch_size = GLOBAL_BATCH
-    if process is not None:
-        x, y = (
-            topologies.local_part(a, *process, GLOBAL_BATCH) for a in (x, y)
-        )
-        batch_size = GLOBAL_BATCH // process[1]
+    (x, y), batch_size = topologies.process_batches(
+        (x, y), GLOBAL_BATCH, process
+    )
     with scope:
         model = keras.Sequential(
             [
@@ -177,6 +174,20 @@ def test_loss_scale_optimizer_matches_one_device(topology, accumulate):
     np.testing.assert_allclose(weights, expected_weights, rtol=RTOL, atol=ATOL)
 
 
+def _assert_fits_match(runs, who):
+    """Each worker's ``{config: [result, expected]}`` agree (``who``:
+    "worker" or "process", for the message)."""
+    for rank, fits in enumerate(runs):
+        for config, (result, expected) in fits.items():
+            np.testing.assert_allclose(
+                result,
+                expected,
+                rtol=RTOL,
+                atol=ATOL,
+                err_msg=f"{who} {rank}: {config}",
+            )
+
+
 def _multiworker_fits(rank, world_size):
     """In each worker: every config, MultiWorkerMirrored vs one device."""
     strategy = topologies.multi_worker_strategy(rank)
@@ -199,15 +210,7 @@ def test_multiworker_conditional_updates_match_one_device(topology):
     runs = multiprocess.run_workers(
         f"{__name__}:_multiworker_fits", world_size=2, timeout=300
     )
-    for rank, fits in enumerate(runs):
-        for config, (result, expected) in fits.items():
-            np.testing.assert_allclose(
-                result,
-                expected,
-                rtol=RTOL,
-                atol=ATOL,
-                err_msg=f"worker {rank}: {config}",
-            )
+    _assert_fits_match(runs, "worker")
 
 
 def _jax_process_fits(rank, world_size):
@@ -234,12 +237,4 @@ def test_jax_processes_conditional_updates_match_one_device(topology):
     runs = multiprocess.run_workers(
         f"{__name__}:_jax_process_fits", world_size=2, timeout=300
     )
-    for rank, fits in enumerate(runs):
-        for config, (result, expected) in fits.items():
-            np.testing.assert_allclose(
-                result,
-                expected,
-                rtol=RTOL,
-                atol=ATOL,
-                err_msg=f"process {rank}: {config}",
-            )
+    _assert_fits_match(runs, "process")

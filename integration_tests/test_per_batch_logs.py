@@ -99,12 +99,9 @@ def _batch_logs(scope, num_samples, process=None):
         {"train": [logs of each step], "test": [...], "epochs": {...}}.
     """
     x, y = _data(num_samples)
-    batch_size = GLOBAL_BATCH
-    if process is not None:
-        x, y = (
-            topologies.local_part(a, *process, GLOBAL_BATCH) for a in (x, y)
-        )
-        batch_size = GLOBAL_BATCH // process[1]
+    (x, y), batch_size = topologies.process_batches(
+        (x, y), GLOBAL_BATCH, process
+    )
     with scope:
         model = keras.Sequential(
             [

@@ -241,6 +241,31 @@ def local_part(array, rank: int, world_size: int, global_batch: int):
     )
 
 
+def process_batches(arrays, global_batch: int, process=None):
+    """The data and batch size one process feeds to ``fit``.
+
+    Args:
+        arrays: NumPy arrays of the whole data, ``(num_samples, ...)``.
+        global_batch: the global batch size.
+        process: ``(rank, world_size)`` in a multi-process job, where each
+            process feeds its part of every global batch (``local_part``);
+            ``None`` for one process feeding everything.
+
+    Returns:
+        ``(arrays, batch_size)``: the process's rows and its batch size,
+        ``global_batch // world_size`` (``global_batch`` without
+        ``process``).
+
+    Raises:
+        ValueError: the sizes do not divide (see ``local_part``).
+    """
+    if process is None:
+        return tuple(arrays), global_batch
+    rank, world_size = process
+    parts = tuple(local_part(a, rank, world_size, global_batch) for a in arrays)
+    return parts, global_batch // world_size
+
+
 _CURRENT = None
 
 
