@@ -29,6 +29,51 @@ from keras_fork.errors import ForkError
 
 BACKENDS = ("jax", "tensorflow", "torch")
 
+# Keras's repository conftest.py (not in the sdist) skips the tests marked
+# ``multi_device`` unless the backend sees several devices; a backend's own
+# folder (keras/src/backend/<name>/) is tested with that backend only. The
+# bisection follows both rules, and runs the jax ``multi_device`` tests in a
+# second pass with 8 virtual CPU devices, as Keras's multi-device CI would.
+CONFTEST = """\
+# Written by keras_fork.bisect: skip multi_device tests on one device.
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "multi_device: needs several devices")
+    config.addinivalue_line("markers", "requires_trainable_backend: any")
+
+
+def pytest_collection_modifyitems(config, items):
+    from keras.src.backend import backend
+
+    several = False
+    if backend() == "jax":
+        import jax
+
+        several = jax.device_count() > 1
+    if several:
+        return
+    skip = pytest.mark.skip(reason="needs several devices")
+    for item in items:
+        if "multi_device" in item.keywords:
+            item.add_marker(skip)
+"""
+JAX_DEVICES = 8
+
+
+def backends_for(test_file: str, backends) -> list[str]:
+    """The backends that run ``test_file`` (a path in the Keras tree).
+
+    A file under ``keras/src/backend/<name>/`` with ``<name>`` one of
+    ``BACKENDS`` runs with that backend only (it tests that backend's
+    implementation); every other file runs with each of ``backends``.
+    """
+    parts = Path(test_file).parts
+    if parts[:3] == ("keras", "src", "backend") and parts[3] in BACKENDS:
+        return [b for b in backends if b == parts[3]]
+    return list(backends)
+
 
 def touched_test_files(patches: list[Path]) -> list[str]:
     """Paths of the ``*_test.py`` files the patches change, in order."""
@@ -77,33 +122,48 @@ def check_prefix(layout, base, k, backends, console) -> list[str]:
             check=True, capture_output=True,
         )  # fmt: skip
         failures = []
-        tests = [str(tree / f) for f in touched_test_files(patches[-1:])]
-        if not tests:
-            return failures
+        tests = touched_test_files(patches[-1:])
         for backend in backends:
-            env = prove.child_env(
-                target,
-                topology_env={
-                    "KERAS_BACKEND": backend,
-                    "CUDA_VISIBLE_DEVICES": "",
-                    "TF_CPP_MIN_LOG_LEVEL": "2",
-                },
-                with_repo=False,
-            )
+            mine = [t for t in tests if backend in backends_for(t, backends)]
+            if not mine:
+                continue
             work = tmp / f"tests-{backend}"
             work.mkdir()
-            for t in tests:
-                shutil.copyfile(t, work / Path(t).name)
+            for t in mine:
+                shutil.copyfile(tree / t, work / Path(t).name)
             (work / "pytest.ini").write_text("[pytest]\n")
-            proc = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p",
-                 "no:cacheprovider", "--rootdir", str(work), str(work)],
-                env=env, cwd=work, capture_output=True, text=True,
-            )  # fmt: skip
-            last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
-            console.print(f"  prefix {k} ({backend}): {last}")
-            if proc.returncode != 0:
-                failures.append(f"{backend}: {last}")
+            (work / "conftest.py").write_text(CONFTEST)
+            topology_env = {
+                "KERAS_BACKEND": backend,
+                "CUDA_VISIBLE_DEVICES": "",
+                "TF_CPP_MIN_LOG_LEVEL": "2",
+            }
+            passes = [("", topology_env, [])]
+            if backend == "jax" and any(
+                "multi_device" in (tree / t).read_text() for t in mine
+            ):
+                flags = f"--xla_force_host_platform_device_count={JAX_DEVICES}"
+                passes.append(
+                    (
+                        f", {JAX_DEVICES} devices",
+                        dict(topology_env, XLA_FLAGS=flags),
+                        ["-m", "multi_device"],
+                    )
+                )
+            for label, topo_env, select in passes:
+                env = prove.child_env(
+                    target, topology_env=topo_env, with_repo=False
+                )
+                proc = subprocess.run(
+                    [sys.executable, "-m", "pytest", "-q", "-p",
+                     "no:cacheprovider", "--rootdir", str(work), *select,
+                     str(work)],
+                    env=env, cwd=work, capture_output=True, text=True,
+                )  # fmt: skip
+                out = proc.stdout.strip().splitlines() or ["(no output)"]
+                console.print(f"  prefix {k} ({backend}{label}): {out[-1]}")
+                if proc.returncode != 0:
+                    failures.append(f"{backend}{label}: {out[-1]}")
         return failures
 
 
