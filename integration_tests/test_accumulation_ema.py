@@ -65,6 +65,16 @@ def _data():
     return x, y
 
 
+def _model():
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(3, kernel_initializer="ones"),
+            keras.layers.Dense(1, kernel_initializer="ones"),
+        ]
+    )
+
+
 def _fit(scope, config, process=None):
     """Fits from fixed initial weights under ``scope``; flat weights.
 
@@ -76,13 +86,7 @@ def _fit(scope, config, process=None):
         (x, y), GLOBAL_BATCH, process
     )
     with scope:
-        model = keras.Sequential(
-            [
-                keras.Input((4,)),
-                keras.layers.Dense(3, kernel_initializer="ones"),
-                keras.layers.Dense(1, kernel_initializer="ones"),
-            ]
-        )
+        model = _model()
         model.compile(
             optimizer=keras.optimizers.SGD(
                 0.01, momentum=0.5, **CONFIGS[config]
@@ -119,13 +123,7 @@ def _fit_loss_scaled(scope, accumulate):
     steps from 2**15; flat weights and the final scale."""
     x, y = _data()
     with scope:
-        model = keras.Sequential(
-            [
-                keras.Input((4,)),
-                keras.layers.Dense(3, kernel_initializer="ones"),
-                keras.layers.Dense(1, kernel_initializer="ones"),
-            ]
-        )
+        model = _model()
         optimizer = keras.optimizers.LossScaleOptimizer(
             keras.optimizers.SGD(
                 0.01,
@@ -236,5 +234,68 @@ def test_jax_processes_conditional_updates_match_one_device(topology):
         pytest.skip("jax/procs-2 only")
     runs = multiprocess.run_workers(
         f"{__name__}:_jax_process_fits", world_size=2, timeout=300
+    )
+    _assert_fits_match(runs, "process")
+
+
+def _torch_loop(config, process=None):
+    """A custom torch training loop as in Keras's torch distributed guide:
+    the Keras model in ``torch.nn.parallel.DistributedDataParallel`` (which
+    averages the gradients over the processes in ``backward``) and the
+    Keras optimizer ``config`` applying them. Flat final weights.
+
+    ``process=(rank, world_size)``: this process's part of every global
+    batch, under DDP; ``None``: the whole global batches, no DDP.
+    """
+    import torch
+
+    x, y = _data()
+    (x, y), batch_size = topologies.process_batches(
+        (x, y), GLOBAL_BATCH, process
+    )
+    model = _model()
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.5, **CONFIGS[config])
+    variables = model.trainable_variables
+    optimizer.build(variables)
+    net = model
+    if process is not None:
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    for _ in range(EPOCHS):
+        for start in range(0, len(x), batch_size):
+            xb = torch.as_tensor(x[start : start + batch_size])
+            yb = torch.as_tensor(y[start : start + batch_size])
+            loss = torch.mean((net(xb) - yb) ** 2)
+            loss.backward()
+            optimizer.apply([v.value.grad for v in variables], variables)
+            for v in variables:
+                v.value.grad = None
+    # As fit() ends: EMA overwrites the weights when asked to.
+    optimizer.finalize_variable_values(variables)
+    return np.concatenate([np.ravel(w) for w in model.get_weights()])
+
+
+def _ddp_fits(rank, world_size):
+    """In each torch/ddp-2 worker: every config under DDP (this process's
+    part of each global batch) and on one device (the whole batches)."""
+    with multiprocess.torch_process_group(rank, world_size):
+        return {
+            config: [
+                _torch_loop(config, (rank, world_size)).tolist(),
+                _torch_loop(config).tolist(),
+            ]
+            for config in sorted(CONFIGS)
+        }
+
+
+@pytest.mark.fix("accumulation-ema", role="guard")
+def test_ddp_conditional_updates_match_one_device(topology):
+    """torch/ddp-2: DDP averages the gradients before the Keras optimizer
+    sees them, so accumulation and EMA overwrites follow one device (guard
+    of the N processes = 1 device invariant for a Keras model in a torch
+    DDP loop)."""
+    if topology.name != "ddp-2":
+        pytest.skip("torch/ddp-2 only")
+    runs = multiprocess.run_workers(
+        f"{__name__}:_ddp_fits", world_size=2, timeout=300
     )
     _assert_fits_match(runs, "process")

@@ -7,6 +7,7 @@ effect on user-visible global state, and after one
 other see different batch orders. The tf.data path is already right (guard).
 """
 
+import os
 import random
 
 import keras
@@ -164,9 +165,14 @@ LOCAL_BATCH = 8
 def _process_orders(rank, world_size):
     """In each ``jax/procs-2`` worker: the order in which Keras's epoch
     iterator (what ``fit`` consumes) yields this process's samples, per
-    epoch, after rank 0 alone used the global NumPy and Python RNGs."""
+    epoch, after rank 0 alone used the global NumPy and Python RNGs.
+    ``SHUFFLE_SEED`` (if set): the seed every process passes to
+    ``keras.utils.set_random_seed`` after joining the job."""
     topologies.jax_processes(rank, world_size)
     from keras.src.backend.jax.trainer import JAXEpochIterator
+
+    if os.environ.get("SHUFFLE_SEED"):
+        keras.utils.set_random_seed(int(os.environ["SHUFFLE_SEED"]))
 
     if rank == 0:
         # Unrelated global RNG use on one process only (e.g. augmentation
@@ -188,8 +194,9 @@ def _process_orders(rank, world_size):
     return orders
 
 
+@pytest.mark.parametrize("seed", [None, 7], ids=["agreed-seed", "seed-7"])
 def test_processes_shuffle_alike_despite_one_process_global_rng_use(
-    topology,
+    topology, seed
 ):
     """jax/procs-2: each process feeds its own samples (Keras 3.15.1 takes
     per-process NumPy data in a multi-process JAX job), shuffled with the
@@ -197,11 +204,16 @@ def test_processes_shuffle_alike_despite_one_process_global_rng_use(
     process must use the same permutation in an epoch, so that the job's
     order is reproducible and does not depend on which process did what.
     Stock shuffles with the global NumPy RNG: one process's unrelated draw
-    gives it another order. Exact comparison: the orders are indices."""
+    gives it another order. With an explicit seed (``seed-7``) too: it
+    seeds the global NumPy RNG alike on stock, and one process's draw still
+    sets that process apart. Exact comparison: the orders are indices."""
     if topology.name != "procs-2":
         pytest.skip("jax/procs-2 only")
     per_process = multiprocess.run_workers(
-        f"{__name__}:_process_orders", topology.num_replicas, timeout=240
+        f"{__name__}:_process_orders",
+        topology.num_replicas,
+        timeout=240,
+        env={"SHUFFLE_SEED": str(seed) if seed is not None else ""},
     )
     for rank, orders in enumerate(per_process):
         for epoch, order in enumerate(orders):

@@ -18,9 +18,9 @@ follows.
 
 JAX ``DataParallel`` feeds one global array to a jitted step, so its mean is
 already global (guard); a final batch that 8 devices cannot shard evenly is
-rejected with an ``IndivisibleError`` on stock and fork alike, a separate
-limitation this fix does not address (see the skip reason). Torch has no
-multi-device ``Model.fit``.
+rejected with an ``IndivisibleError`` on stock, which the indivisible-batch
+fix addresses (test_indivisible_batch.py); here such cases are skipped, as
+the guard must pass on stock. Torch has no multi-device ``Model.fit``.
 """
 
 import contextlib
@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from integration_tests import multiprocess
+from integration_tests import recorders
 from integration_tests import topologies
 
 pytestmark = pytest.mark.fix("uneven-batch")
@@ -68,16 +69,6 @@ def _model():
     )
 
 
-class _BatchLosses(keras.callbacks.Callback):
-    """Records the running loss that ``fit`` reports after every step."""
-
-    def on_train_begin(self, logs=None):
-        self.losses = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.losses.append(float(logs["loss"]))
-
-
 def _train(scope, init, x, y, sample_weight, reduction):
     """Fits a fresh model from weights ``init`` under ``scope``.
 
@@ -96,7 +87,7 @@ def _train(scope, init, x, y, sample_weight, reduction):
             ),
             loss=keras.losses.MeanSquaredError(reduction=reduction),
         )
-        steps = _BatchLosses()
+        steps = recorders.StepLosses()
         history = model.fit(
             x,
             y,
@@ -171,8 +162,8 @@ def _skip_unshardable_jax(topology, num_samples):
         pytest.skip(
             f"jax/{topology.name}: DataParallel shards each global batch "
             f"over {topology.num_replicas} devices; the final batch of "
-            f"{last} raises IndivisibleError on stock and fork alike "
-            "(not a weighting defect; see the guard with 40 samples)"
+            f"{last} raises IndivisibleError on stock (not a weighting "
+            "defect; the indivisible-batch fix, test_indivisible_batch.py)"
         )
 
 
