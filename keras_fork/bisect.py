@@ -13,12 +13,17 @@ matrix, which run every test file the series touches.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import as_completed
 from pathlib import Path
 
 from keras_fork import pins
@@ -60,6 +65,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 """
 JAX_DEVICES = 8
+# Seconds one prefix's pytest run may take (trainer_test.py on torch, the
+# longest, takes about 9 minutes on 2 busy cores).
+PREFIX_TIMEOUT = 1800
 
 
 def backends_for(test_file: str, backends) -> list[str]:
@@ -86,12 +94,16 @@ def touched_test_files(patches: list[Path]) -> list[str]:
     return files
 
 
-def check_prefix(layout, base, k, backends, console) -> list[str]:
+def check_prefix(layout, base, k, backends, timeout=PREFIX_TIMEOUT):
     """Materializes and builds ``patches[:k]``; runs patch k's test files.
 
+    Each test run is a fresh pytest process group in a scratch folder; a run
+    that exceeds ``timeout`` seconds is killed with its whole group.
+
     Returns:
-        A list of failures (``"<backend>: <file>: <last line>"``); empty
-        when the prefix passes.
+        ``(lines, failures)``: one report line per test run, and the failed
+        runs (``"<backend>: <pytest's last line>"``); no failures when the
+        prefix passes.
 
     Raises:
         ForkError: the prefix does not apply or does not build.
@@ -121,7 +133,7 @@ def check_prefix(layout, base, k, backends, console) -> list[str]:
              str(whl)],
             check=True, capture_output=True,
         )  # fmt: skip
-        failures = []
+        lines, failures = [], []
         tests = touched_test_files(patches[-1:])
         for backend in backends:
             mine = [t for t in tests if backend in backends_for(t, backends)]
@@ -154,17 +166,42 @@ def check_prefix(layout, base, k, backends, console) -> list[str]:
                 env = prove.child_env(
                     target, topology_env=topo_env, with_repo=False
                 )
-                proc = subprocess.run(
+                code, last = _pytest(
                     [sys.executable, "-m", "pytest", "-q", "-p",
                      "no:cacheprovider", "--rootdir", str(work), *select,
                      str(work)],
-                    env=env, cwd=work, capture_output=True, text=True,
+                    env, work, timeout,
                 )  # fmt: skip
-                out = proc.stdout.strip().splitlines() or ["(no output)"]
-                console.print(f"  prefix {k} ({backend}{label}): {out[-1]}")
-                if proc.returncode != 0:
-                    failures.append(f"{backend}{label}: {out[-1]}")
-        return failures
+                lines.append(f"  prefix {k} ({backend}{label}): {last}")
+                if code != 0:
+                    failures.append(f"{backend}{label}: {last}")
+        return lines, failures
+
+
+def _pytest(cmd, env, cwd, timeout) -> tuple[int | None, str]:
+    """Runs ``cmd`` in its own process group, killed after ``timeout`` s.
+
+    Returns:
+        ``(exit code or None on timeout, pytest's last output line)``.
+    """
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None, f"timed out after {timeout:.0f}s (killed)"
+        finally:
+            # Whatever the run left behind (e.g. multi-worker test workers).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        out.seek(0)
+        text = out.read().strip().splitlines()
+    return code, (text or ["(no output)"])[-1]
 
 
 def main(argv=None) -> int:
@@ -175,21 +212,45 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m keras_fork.bisect")
     p.add_argument("--base", action="append")
     p.add_argument("--backend", action="append", choices=BACKENDS)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="prefixes checked at the same time (default: 2 where the "
+        "machine has 2 cores; one pytest process is mostly one core)",
+    )
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     layout = pins.Layout.default()
     console = Console(stderr=True, highlight=False)
     bad = []
     try:
         for base in pins.select_bases(layout, args.base):
             n = len(series.read_series(layout, base))
+            backends = args.backend or BACKENDS
             # The whole series (k = n) is the fork the proof matrix's unit
-            # cells already test; here every shorter prefix.
-            for k in range(1, n):
-                console.print(f"keras {base.version}: prefix {k}/{n}")
-                for failure in check_prefix(
-                    layout, base, k, args.backend or BACKENDS, console
-                ):
-                    bad.append(f"{base.version} prefix {k}/{n}: {failure}")
+            # cells already test; here every shorter prefix. Prefixes are
+            # independent (each in its own scratch folder): they run
+            # ``--jobs`` at a time and report as they finish.
+            with ThreadPoolExecutor(args.jobs) as pool:
+                futures = {
+                    pool.submit(check_prefix, layout, base, k, backends): k
+                    for k in range(1, n)
+                }
+                for future in as_completed(futures):
+                    k = futures[future]
+                    try:
+                        lines, failures = future.result()
+                    except BaseException:
+                        for f in futures:
+                            f.cancel()  # the prefixes not started yet
+                        raise
+                    console.print(f"keras {base.version}: prefix {k}/{n}")
+                    for line in lines:
+                        console.print(line)
+                    for failure in failures:
+                        bad.append(f"{base.version} prefix {k}/{n}: {failure}")
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

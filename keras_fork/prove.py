@@ -15,6 +15,14 @@ Verdicts (the contract of ``dist/proof.json``):
 * ``vacuous``: a cell the matrix says must be ``proven`` passes on stock;
 * ``broken``: the fork fails (or a run could not execute at all);
 * ``n/a``: not run, with the reason from the matrix.
+
+A ``unit`` cell runs the upstream-style tests its fix's patches add: on
+stock only those tests, on the fork every test file they touch. The fork's
+unit runs are shared: one run per base and backend over the union of the
+files, each cell reading its own files' results off it
+(``shared_unit_tests``, ``cell_result``). A single-process cell runs its two
+variants at the same time (``--jobs 2``, the default on 2 or more cores);
+multi-process cells run one variant at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from integration_tests import topologies
@@ -96,6 +105,80 @@ def unit_tests(layout: pins.Layout, base: pins.Base, fix: str) -> UnitTests:
                 files.append(f)
             names.append(name)
     return UnitTests(tuple(files), tuple(dict.fromkeys(names)))
+
+
+def shared_unit_tests(
+    cells: list[Cell], units: dict[tuple, UnitTests]
+) -> dict[tuple, UnitTests]:
+    """The fork's unit tests, grouped into one run per base and backend.
+
+    The fork variant of a unit cell runs every test file its fix's patches
+    touch, and most fixes share files (a tensorflow fix usually adds its
+    tests to ``distribute_test.py``). On one fork tree those runs would
+    repeat the same tests, so the fork runs the union of the files once per
+    (base, backend) and each cell reads its own files' cases off that run
+    (``cell_result``). Stock runs stay per cell: they select the cell's
+    added tests only.
+
+    Returns:
+        ``{(base, backend): UnitTests}``: the union of the files (in first
+        seen order) and of the added test names of the unit cells.
+    """
+    shared = {}
+    for cell in cells:
+        unit = units.get(cell.key)
+        if unit is None or not unit.names:
+            continue
+        key = (cell.base, cell.backend)
+        files, names = shared.get(key, ((), ()))
+        files += tuple(f for f in unit.files if f not in files)
+        names += tuple(n for n in unit.names if n not in names)
+        shared[key] = (files, names)
+    return {k: UnitTests(f, n) for k, (f, n) in shared.items()}
+
+
+def cell_result(shared_run: dict, unit: UnitTests) -> dict:
+    """One unit cell's fork result, read off the shared run of its backend.
+
+    Args:
+        shared_run: ``run_variant``'s result for the union of the files.
+        unit: the cell's own files and added tests.
+
+    Returns:
+        A ``run_variant``-shaped dict for the cell's files only: ``error``
+        when the shared run could not run the tests (crash, timeout,
+        collection error) or none of the cell's tests ran, ``fail`` when
+        one of its cases failed, else ``pass``; ``shared`` names the run.
+    """
+    out = {
+        "shared": shared_run["junit"],
+        "seconds": 0.0,
+        "junit": shared_run["junit"],
+        "passed_tests": [],
+    }
+    if shared_run["outcome"] == "error":
+        return dict(out, outcome="error", detail=shared_run["detail"],
+                    counts=shared_run["counts"])  # fmt: skip
+    mine = {f.name for f in unit.files}
+    junit = pins.REPO_ROOT / shared_run["junit"]
+    cases = [c for c in read_junit(junit).cases if Path(c["file"]).name in mine]
+    bad = [c for c in cases if c["outcome"] in ("failure", "error")]
+    skipped = sum(c["outcome"] == "skipped" for c in cases)
+    counts = {
+        "tests": len(cases),
+        "failures": sum(c["outcome"] == "failure" for c in cases),
+        "errors": sum(c["outcome"] == "error" for c in cases),
+        "skipped": skipped,
+    }
+    ran = len(cases) - skipped
+    if bad:
+        outcome = "fail"
+        detail = f"{bad[0]['name']}: {bad[0]['outcome']} (see the shared run)"
+    elif ran:
+        outcome, detail = "pass", f"{ran} passed"
+    else:
+        outcome, detail = "error", "none of the cell's tests ran"
+    return dict(out, outcome=outcome, detail=detail, counts=counts)
 
 
 UNIT_CONFTEST = """\
@@ -344,7 +427,8 @@ class JUnitResult:
     """What a run's JUnit (xunit1) file says, read in one pass.
 
     ``counts``: the suite's tests, failures, errors and skipped (empty when
-    the file is missing or unreadable); ``cases``: name, outcome
+    the file is missing or unreadable); ``cases``: name, file (as pytest
+    reports it, relative to the rootdir), outcome
     (passed/failure/error/skipped) and role (``proof`` unless the test's
     marker says otherwise) of each test case; ``first_failure``: "name:
     first message line" of the first failed or erroring case, or "".
@@ -382,6 +466,7 @@ def read_junit(path: Path) -> JUnitResult:
         cases.append(
             {
                 "name": case.get("name"),
+                "file": case.get("file") or "",
                 "outcome": outcome,
                 "role": props.get("role", "proof"),
             }
@@ -567,6 +652,33 @@ def main(args, layout: pins.Layout) -> int:
         if c.topology == topologies.UNIT and c.expect != "n/a":
             units[c.key] = unit_tests(layout, bases[c.base], c.fix)
     todo = [c for c in cells if c.expect != "n/a"]
+    shared = shared_unit_tests(todo, units)
+    shared_runs = {}  # (base, backend) -> the fork's shared unit run
+    junit_dir = layout.dist / "proof" / "junit"
+
+    def run_one(cell: Cell, unit: UnitTests | None, variant: str) -> dict:
+        base = bases[cell.base]
+        version = base.fork_version if variant == "fork" else base.version
+        keras_dir = installed[cell.base][variant]
+        overlay = overlays[cell.base]
+        if unit is None or variant == "stock":
+            junit = junit_dir / f"{cell.slug}-{variant}.xml"
+            args_ = (keras_dir, version, junit, accelerator, args.timeout)
+            return run_variant(cell, variant, *args_, unit, overlay)
+        group = (cell.base, cell.backend)
+        if group not in shared_runs:
+            junit = junit_dir / f"{cell.base}-unit-{cell.backend}-fork.xml"
+            first = run_variant(cell, variant, keras_dir, version, junit,
+                                accelerator, args.timeout, shared[group],
+                                overlay)  # fmt: skip
+            shared_runs[group] = first
+            console.print(
+                f"{cell.base}-unit-{cell.backend} fork: {first['outcome']} "
+                f"({first['seconds']}s, {len(shared[group].files)} test files "
+                f"shared by the unit cells) {first['detail']}"
+            )
+        return cell_result(shared_runs[group], unit)
+
     with Progress(console=console, transient=False) as progress:
         task = progress.add_task(
             "proof matrix", total=len(todo) * len(variants)
@@ -590,32 +702,29 @@ def main(args, layout: pins.Layout) -> int:
             if unit is not None and not unit.names:
                 row["reason"] = "the fix's patches add no unit test"
             elif cell.expect != "n/a":
+                wanted = []
                 for variant in VARIANTS:
-                    if variant not in variants:
-                        # Keep the other variant's last result (if any).
-                        row[variant] = old.get(variant)
-                        if variant in old.get("runs", {}):
-                            row["runs"][variant] = old["runs"][variant]
+                    if variant in variants:
+                        wanted.append(variant)
                         continue
-                    progress.update(
-                        task, description=f"{cell.slug} ({variant})"
-                    )
-                    base = bases[cell.base]
-                    version = (
-                        base.fork_version if variant == "fork" else base.version
-                    )
-                    run = run_variant(
-                        cell,
-                        variant,
-                        installed[cell.base][variant],
-                        version,
-                        layout.dist / "proof" / "junit" / f"{cell.slug}-"
-                        f"{variant}.xml",
-                        accelerator,
-                        args.timeout,
-                        unit,
-                        overlays[cell.base],
-                    )
+                    # Keep the other variant's last result (if any).
+                    row[variant] = old.get(variant)
+                    if variant in old.get("runs", {}):
+                        row["runs"][variant] = old["runs"][variant]
+                progress.update(
+                    task, description=f"{cell.slug} ({', '.join(wanted)})"
+                )
+                together = (
+                    getattr(args, "jobs", 1) > 1
+                    and (cell.backend, cell.topology)
+                    not in topologies.MULTI_PROCESS
+                )
+                with ThreadPoolExecutor(2 if together else 1) as pool:
+                    futures = {
+                        v: pool.submit(run_one, cell, unit, v) for v in wanted
+                    }
+                    done = {v: f.result() for v, f in futures.items()}
+                for variant, run in done.items():
                     row[variant] = run["outcome"]
                     row["runs"][variant] = run
                     progress.advance(task)
@@ -696,6 +805,14 @@ def add_parser(sub):
     for name in ("base", "fix", "backend", "topology"):
         p.add_argument(f"--{name}", action="append", help=f"only this {name}")
     p.add_argument("--variant", action="append", choices=VARIANTS)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        choices=(1, 2),
+        default=2 if (os.cpu_count() or 1) >= 2 else 1,
+        help="2: run a single-process cell's stock and fork variants at the "
+        "same time (multi-process cells always run one variant at a time)",
+    )
     p.add_argument(
         "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"
     )

@@ -2,6 +2,7 @@
 
 import os
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -221,3 +222,46 @@ def test_child_env_matches_what_bisect_and_bench_built_before(
     before.update(topo)
     before["PYTHONPATH"] = os.pathsep.join([str(target), str(pins.REPO_ROOT)])
     assert prove.child_env(target, None, topo) == before  # base without overlay
+
+
+def test_unit_cells_share_one_fork_run_per_backend(tmp_path, monkeypatch):
+    def cell(fix, backend):
+        return prove.Cell("3.15.1", fix, "", backend, "unit", "proven")
+
+    a, b, c = Path("a_test.py"), Path("b_test.py"), Path("c_test.py")
+    cells = [cell("f1", "tensorflow"), cell("f2", "tensorflow")]
+    cells.append(cell("f3", "jax"))
+    units = {
+        cells[0].key: prove.UnitTests((a,), ("test_1",)),
+        cells[1].key: prove.UnitTests((a, b), ("test_2",)),
+        cells[2].key: prove.UnitTests((c,), ("test_3",)),
+    }
+    shared = prove.shared_unit_tests(cells, units)
+    assert shared == {
+        ("3.15.1", "tensorflow"): prove.UnitTests((a, b), ("test_1", "test_2")),
+        ("3.15.1", "jax"): prove.UnitTests((c,), ("test_3",)),
+    }
+
+    # A failure in b_test.py fails only the cells that own b_test.py.
+    junit = tmp_path / "shared.xml"
+    junit.write_text(
+        '<testsuites><testsuite tests="3" failures="1">'
+        '<testcase name="test_1" file="a_test.py"/>'
+        '<testcase name="test_x" file="a_test.py"><skipped/></testcase>'
+        '<testcase name="test_2" file="b_test.py"><failure message="no"/>'
+        "</testcase></testsuite></testsuites>"
+    )
+    monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
+    run = {"outcome": "fail", "detail": "", "counts": {}, "junit": junit.name}
+    one = prove.cell_result(run, units[cells[0].key])
+    assert (one["outcome"], one["detail"]) == ("pass", "1 passed")
+    assert one["counts"]["skipped"] == 1
+    two = prove.cell_result(run, units[cells[1].key])
+    assert two["outcome"] == "fail" and two["detail"].startswith("test_2")
+    # No case of the cell's files ran: an error, never a pass.
+    none = prove.cell_result(run, prove.UnitTests((c,), ("test_3",)))
+    assert none["outcome"] == "error"
+    # A shared run that could not run its tests errors every cell.
+    crash = dict(run, outcome="error", detail="timed out after 660s")
+    out = prove.cell_result(crash, units[cells[0].key])
+    assert (out["outcome"], out["detail"]) == ("error", "timed out after 660s")
