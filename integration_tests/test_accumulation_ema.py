@@ -108,7 +108,7 @@ def _fit(scope, config, process=None):
 def test_conditional_updates_match_one_device(topology, config):
     """``fit`` with the optimizer ``config`` under the topology equals one
     device on the same global batches."""
-    if topology.name in ("multiworker-2", "procs-2"):
+    if topology.multi_process:
         pytest.skip(f"{topology.name} runs the worker test")
     if topology.backend == "torch" and topology.num_replicas > 1:
         pytest.skip("torch has no multi-device Model.fit")
@@ -159,7 +159,7 @@ def _fit_loss_scaled(scope, accumulate):
 def test_loss_scale_optimizer_matches_one_device(topology, accumulate):
     """LossScaleOptimizer (its skip-or-apply condition and its dynamic
     scale), also over gradient accumulation, equals one device."""
-    if topology.name in ("multiworker-2", "procs-2"):
+    if topology.multi_process:
         pytest.skip(f"{topology.name} runs the worker test")
     if topology.backend == "torch" and topology.num_replicas > 1:
         pytest.skip("torch has no multi-device Model.fit")

@@ -151,7 +151,7 @@ def _assert_same_logs(result, expected, where=""):
 
 
 def _skip_unsupported(topology, num_samples):
-    if topology.name in ("multiworker-2", "procs-2"):
+    if topology.multi_process:
         pytest.skip(f"{topology.name} runs the worker test")
     if topology.backend == "torch" and topology.num_replicas > 1:
         pytest.skip("torch has no multi-device Model.fit")

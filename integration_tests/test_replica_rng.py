@@ -34,12 +34,8 @@ UNITS = 1024
 RATE = 0.5
 
 
-def _multi_process(topology):
-    return topology.name in ("multiworker-2", "ddp-2")
-
-
 def _single_process(topology):
-    if _multi_process(topology):
+    if topology.multi_process:
         pytest.skip("single-process test; this topology runs its worker test")
 
 

@@ -135,7 +135,7 @@ def _assert_same_run(resumed, full, topology):
 
 
 def _skip_multiprocess(topology):
-    if topology.name in ("ddp-2", "multiworker-2"):
+    if topology.multi_process:
         pytest.skip("drills restart one process; not a multi-process test")
 
 

@@ -120,15 +120,27 @@ class Topology:
     num_replicas: int
     strategy: object = None
 
+    @property
+    def multi_process(self) -> bool:
+        """Whether the replicas are worker processes (``MULTI_PROCESS``):
+        the test process itself has one device and starts the workers."""
+        return (self.backend, self.name) in MULTI_PROCESS
+
     def scope(self):
-        """Context under which a test creates, compiles and fits models."""
+        """Context under which a test creates, compiles and fits models.
+
+        Raises:
+            RuntimeError: a multi-process topology: the test process has
+                one device, so a model trained there would silently be a
+                1-device run; train in the workers instead.
+        """
+        if self.multi_process:
+            raise RuntimeError(
+                f"{self.backend}/{self.name}: the test process has one "
+                "device; train in workers (multiprocess.run_workers)"
+            )
         if self.strategy is not None:
             return self.strategy.scope()
-        if (self.backend, self.name) == ("jax", "procs-2"):
-            raise RuntimeError(
-                "jax/procs-2: the test process has one device; train in "
-                "workers (multiprocess.run_workers, jax_processes)"
-            )
         if self.backend == "jax" and self.num_replicas > 1:
             return _jax_data_parallel()
         return contextlib.nullcontext()

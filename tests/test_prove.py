@@ -265,3 +265,14 @@ def test_unit_cells_share_one_fork_run_per_backend(tmp_path, monkeypatch):
     crash = dict(run, outcome="error", detail="timed out after 660s")
     out = prove.cell_result(crash, units[cells[0].key])
     assert (out["outcome"], out["detail"]) == ("error", "timed out after 660s")
+
+
+def test_multi_process_topologies_refuse_a_scope_in_the_test_process():
+    # The test process of a multi-process cell has one device: a model it
+    # trained would silently be a 1-device run, so scope() refuses.
+    for backend, name in sorted(topologies.MULTI_PROCESS):
+        topology = topologies.Topology(backend, name, 2)
+        assert topology.multi_process
+        with pytest.raises(RuntimeError, match="train in workers"):
+            topology.scope()
+    assert not topologies.Topology("tensorflow", "mirrored-2", 2).multi_process
