@@ -94,88 +94,96 @@ def touched_test_files(patches: list[Path]) -> list[str]:
     return files
 
 
-def check_prefix(layout, base, k, backends, timeout=PREFIX_TIMEOUT):
-    """Materializes and builds ``patches[:k]``; runs patch k's test files.
+@dataclasses.dataclass(frozen=True)
+class PrefixRun:
+    """One pytest run of one prefix: ``label`` is e.g. ``"jax, 8 devices"``."""
 
-    Each test run is a fresh pytest process group in a scratch folder; a run
-    that exceeds ``timeout`` seconds is killed with its whole group.
+    k: int
+    label: str
+    cmd: tuple[str, ...]
+    env: dict
+    cwd: Path
+
+
+def prepare_prefix(layout, base, k, backends, tmp: Path) -> list[PrefixRun]:
+    """Materializes, builds and installs ``patches[:k]`` under ``tmp``.
 
     Returns:
-        ``(lines, failures)``: one report line per test run, and the failed
-        runs (``"<backend>: <pytest's last line>"``); no failures when the
-        prefix passes.
+        The pytest runs of patch k's test files (one per backend that runs
+        them, plus the jax ``multi_device`` pass on 8 devices); none when
+        the patch touches no test file.
 
     Raises:
         ForkError: the prefix does not apply or does not build.
     """
     patches = series.read_series(layout, base)[:k]
-    with tempfile.TemporaryDirectory(prefix="bisect.") as tmp:
-        tmp = Path(tmp)
-        scratch = dataclasses.replace(
-            layout,
-            patches=tmp / "patches",
-            build=tmp / "build",
-            dist=tmp / "dist",
-        )
-        folder = series.series_dir(scratch, base)
-        folder.mkdir(parents=True)
-        for p in patches:
-            shutil.copyfile(p, folder / p.name)
-        (folder / series.ORDER_FILE).write_text(
-            "".join(p.name + "\n" for p in patches)
-        )
-        tree = series.materialize(scratch, base)
-        whl = wheel.build(scratch, base, tree)
-        target = tmp / "site"
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-             "--disable-pip-version-check", "--target", str(target),
-             str(whl)],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        lines, failures = [], []
-        tests = touched_test_files(patches[-1:])
-        for backend in backends:
-            mine = [t for t in tests if backend in backends_for(t, backends)]
-            if not mine:
-                continue
-            work = tmp / f"tests-{backend}"
-            work.mkdir()
-            for t in mine:
-                shutil.copyfile(tree / t, work / Path(t).name)
-            (work / "pytest.ini").write_text("[pytest]\n")
-            (work / "conftest.py").write_text(CONFTEST)
-            topology_env = {
-                "KERAS_BACKEND": backend,
-                "CUDA_VISIBLE_DEVICES": "",
-                "TF_CPP_MIN_LOG_LEVEL": "2",
-            }
-            passes = [("", topology_env, [])]
-            if backend == "jax" and any(
-                "multi_device" in (tree / t).read_text() for t in mine
-            ):
-                flags = f"--xla_force_host_platform_device_count={JAX_DEVICES}"
-                passes.append(
-                    (
-                        f", {JAX_DEVICES} devices",
-                        dict(topology_env, XLA_FLAGS=flags),
-                        ["-m", "multi_device"],
-                    )
+    tmp.mkdir(parents=True)
+    scratch = dataclasses.replace(
+        layout, patches=tmp / "patches", build=tmp / "build", dist=tmp / "dist"
+    )
+    folder = series.series_dir(scratch, base)
+    folder.mkdir(parents=True)
+    for p in patches:
+        shutil.copyfile(p, folder / p.name)
+    (folder / series.ORDER_FILE).write_text(
+        "".join(p.name + "\n" for p in patches)
+    )
+    tree = series.materialize(scratch, base)
+    whl = wheel.build(scratch, base, tree)
+    target = tmp / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+         "--disable-pip-version-check", "--target", str(target), str(whl)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    runs = []
+    tests = touched_test_files(patches[-1:])
+    for backend in backends:
+        mine = [t for t in tests if backend in backends_for(t, backends)]
+        if not mine:
+            continue
+        work = tmp / f"tests-{backend}"
+        work.mkdir()
+        for t in mine:
+            shutil.copyfile(tree / t, work / Path(t).name)
+        (work / "pytest.ini").write_text("[pytest]\n")
+        (work / "conftest.py").write_text(CONFTEST)
+        topology_env = {
+            "KERAS_BACKEND": backend,
+            "CUDA_VISIBLE_DEVICES": "",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+        passes = [(backend, topology_env, [])]
+        if backend == "jax" and any(
+            "multi_device" in (tree / t).read_text() for t in mine
+        ):
+            flags = f"--xla_force_host_platform_device_count={JAX_DEVICES}"
+            passes.append(
+                (
+                    f"{backend}, {JAX_DEVICES} devices",
+                    dict(topology_env, XLA_FLAGS=flags),
+                    ["-m", "multi_device"],
                 )
-            for label, topo_env, select in passes:
-                env = prove.child_env(
-                    target, topology_env=topo_env, with_repo=False
-                )
-                code, last = _pytest(
-                    [sys.executable, "-m", "pytest", "-q", "-p",
-                     "no:cacheprovider", "--rootdir", str(work), *select,
-                     str(work)],
-                    env, work, timeout,
-                )  # fmt: skip
-                lines.append(f"  prefix {k} ({backend}{label}): {last}")
-                if code != 0:
-                    failures.append(f"{backend}{label}: {last}")
-        return lines, failures
+            )
+        for label, topo_env, select in passes:
+            env = prove.child_env(
+                target, topology_env=topo_env, with_repo=False
+            )
+            cmd = (sys.executable, "-m", "pytest", "-q", "-p",
+                   "no:cacheprovider", "--rootdir", str(work), *select,
+                   str(work))  # fmt: skip
+            runs.append(PrefixRun(k, label, cmd, env, work))
+    return runs
+
+
+def _test_bytes(work: Path) -> int:
+    return sum(f.stat().st_size for f in work.glob("*_test.py"))
+
+
+def run_prefix_tests(run: PrefixRun, timeout=PREFIX_TIMEOUT):
+    """Runs one ``PrefixRun``; returns ``(passed, pytest's last line)``."""
+    code, last = _pytest(list(run.cmd), run.env, run.cwd, timeout)
+    return code == 0, last
 
 
 def _pytest(cmd, env, cwd, timeout) -> tuple[int | None, str]:
@@ -216,8 +224,8 @@ def main(argv=None) -> int:
         "--jobs",
         type=int,
         default=min(2, os.cpu_count() or 1),
-        help="prefixes checked at the same time (default: 2 where the "
-        "machine has 2 cores; one pytest process is mostly one core)",
+        help="pytest runs at the same time (default: 2 where the machine "
+        "has 2 cores; one pytest process mostly keeps one core busy)",
     )
     args = p.parse_args(argv)
     if args.jobs < 1:
@@ -230,27 +238,48 @@ def main(argv=None) -> int:
             n = len(series.read_series(layout, base))
             backends = args.backend or BACKENDS
             # The whole series (k = n) is the fork the proof matrix's unit
-            # cells already test; here every shorter prefix. Prefixes are
-            # independent (each in its own scratch folder): they run
-            # ``--jobs`` at a time and report as they finish.
-            with ThreadPoolExecutor(args.jobs) as pool:
-                futures = {
-                    pool.submit(check_prefix, layout, base, k, backends): k
+            # cells already test; here every shorter prefix. Each prefix
+            # builds in its own scratch folder; then their pytest runs (one
+            # per backend) go ``--jobs`` at a time, reported as they finish.
+            with (
+                tempfile.TemporaryDirectory(prefix="bisect.") as tmp,
+                ThreadPoolExecutor(args.jobs) as pool,
+            ):
+                prepared = {
+                    pool.submit(
+                        prepare_prefix, layout, base, k, backends,
+                        Path(tmp) / f"prefix-{k}",
+                    ): k
                     for k in range(1, n)
-                }
-                for future in as_completed(futures):
-                    k = futures[future]
-                    try:
-                        lines, failures = future.result()
-                    except BaseException:
-                        for f in futures:
-                            f.cancel()  # the prefixes not started yet
-                        raise
-                    console.print(f"keras {base.version}: prefix {k}/{n}")
-                    for line in lines:
-                        console.print(line)
-                    for failure in failures:
-                        bad.append(f"{base.version} prefix {k}/{n}: {failure}")
+                }  # fmt: skip
+                runs = {}
+                try:
+                    todo = [r for f in prepared for r in f.result()]
+                    # Longest first (by the size of the test files): the
+                    # last run to start should be a short one.
+                    todo.sort(key=lambda r: -_test_bytes(r.cwd))
+                    for run in todo:
+                        runs[pool.submit(run_prefix_tests, run)] = run
+                    for future in as_completed(runs):
+                        run = runs[future]
+                        passed, last = future.result()
+                        console.print(
+                            f"  {base.version} prefix {run.k}/{n} "
+                            f"({run.label}): {last}"
+                        )
+                        if not passed:
+                            bad.append(
+                                f"{base.version} prefix {run.k}/{n} "
+                                f"({run.label}): {last}"
+                            )
+                except BaseException:
+                    for f in [*prepared, *runs]:
+                        f.cancel()  # what has not started yet
+                    raise
+                console.print(
+                    f"keras {base.version}: {n - 1} prefixes built, "
+                    f"{len(runs)} test runs"
+                )
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

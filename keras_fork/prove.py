@@ -20,13 +20,14 @@ A ``unit`` cell runs the upstream-style tests its fix's patches add: on
 stock only those tests, on the fork every test file they touch. The fork's
 unit runs are shared: one run per base and backend over the union of the
 files, each cell reading its own files' results off it
-(``shared_unit_tests``, ``cell_result``). A single-process cell runs its two
-variants at the same time (``--jobs 2``, the default on 2 or more cores);
-multi-process cells run one variant at a time.
+(``shared_unit_tests``, ``cell_result``). Runs go ``--jobs`` at a time (2 by
+default on 2 or more cores), longest first: a single-process run takes one
+slot, a multi-process run (whose workers need every core) all of them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -36,10 +37,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import as_completed
 from pathlib import Path
 
 from integration_tests import topologies
@@ -624,6 +627,34 @@ def replace_between(path: Path, begin: str, end: str, body: str) -> None:
     write_atomic(path, head + begin + "\n" + body + end + tail)
 
 
+class Slots:
+    """``n`` run slots: a single-process run holds 1, a multi-process run
+    (its workers need every core) holds all ``n``.
+
+    Acquiring several slots is serialized by a lock, so two multi-process
+    runs never each hold part of the slots and wait on each other.
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self._free = threading.Semaphore(n)
+        self._gather = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, k: int):
+        if k == 1:
+            self._free.acquire()
+        else:
+            with self._gather:
+                for _ in range(k):
+                    self._free.acquire()
+        try:
+            yield
+        finally:
+            for _ in range(k):
+                self._free.release()
+
+
 def main(args, layout: pins.Layout) -> int:
     """``scripts/prove``: runs the selected cells, writes dist/proof.*.
 
@@ -653,101 +684,132 @@ def main(args, layout: pins.Layout) -> int:
             units[c.key] = unit_tests(layout, bases[c.base], c.fix)
     todo = [c for c in cells if c.expect != "n/a"]
     shared = shared_unit_tests(todo, units)
-    shared_runs = {}  # (base, backend) -> the fork's shared unit run
     junit_dir = layout.dist / "proof" / "junit"
+    jobs = max(1, getattr(args, "jobs", 1))
+    slots = Slots(jobs)
 
-    def run_one(cell: Cell, unit: UnitTests | None, variant: str) -> dict:
+    def run(cell: Cell, variant: str, unit: UnitTests | None, junit: Path):
         base = bases[cell.base]
         version = base.fork_version if variant == "fork" else base.version
-        keras_dir = installed[cell.base][variant]
-        overlay = overlays[cell.base]
-        if unit is None or variant == "stock":
-            junit = junit_dir / f"{cell.slug}-{variant}.xml"
-            args_ = (keras_dir, version, junit, accelerator, args.timeout)
-            return run_variant(cell, variant, *args_, unit, overlay)
-        group = (cell.base, cell.backend)
-        if group not in shared_runs:
-            junit = junit_dir / f"{cell.base}-unit-{cell.backend}-fork.xml"
-            first = run_variant(cell, variant, keras_dir, version, junit,
-                                accelerator, args.timeout, shared[group],
-                                overlay)  # fmt: skip
-            shared_runs[group] = first
-            console.print(
-                f"{cell.base}-unit-{cell.backend} fork: {first['outcome']} "
-                f"({first['seconds']}s, {len(shared[group].files)} test files "
-                f"shared by the unit cells) {first['detail']}"
-            )
-        return cell_result(shared_runs[group], unit)
+        whole = (cell.backend, cell.topology) in topologies.MULTI_PROCESS
+        with slots.hold(jobs if whole else 1):
+            return run_variant(
+                cell, variant, installed[cell.base][variant], version, junit,
+                accelerator, args.timeout, unit, overlays[cell.base],
+            )  # fmt: skip
 
-    with Progress(console=console, transient=False) as progress:
-        task = progress.add_task(
-            "proof matrix", total=len(todo) * len(variants)
-        )
-        for cell in cells:
-            old = previous.get(cell.key, {})
-            row = {
-                "base": cell.base,
-                "fix": cell.fix,
-                "issue": cell.issue,
-                "backend": cell.backend,
-                "topology": cell.topology,
-                "expect": cell.expect,
-                "accelerator": accelerator,
-                "stock": None,
-                "fork": None,
-                "reason": cell.reason,
-                "runs": {},
-            }
-            unit = units.get(cell.key)
-            if unit is not None and not unit.names:
-                row["reason"] = "the fix's patches add no unit test"
-            elif cell.expect != "n/a":
-                wanted = []
-                for variant in VARIANTS:
-                    if variant in variants:
-                        wanted.append(variant)
-                        continue
+    rows = {}
+    for cell in cells:
+        old = previous.get(cell.key, {})
+        row = {
+            "base": cell.base,
+            "fix": cell.fix,
+            "issue": cell.issue,
+            "backend": cell.backend,
+            "topology": cell.topology,
+            "expect": cell.expect,
+            "accelerator": accelerator,
+            "stock": None,
+            "fork": None,
+            "reason": cell.reason,
+            "runs": {},
+        }
+        unit = units.get(cell.key)
+        if unit is not None and not unit.names:
+            row["reason"] = "the fix's patches add no unit test"
+        elif cell.expect != "n/a":
+            for variant in VARIANTS:
+                if variant not in variants:
                     # Keep the other variant's last result (if any).
                     row[variant] = old.get(variant)
                     if variant in old.get("runs", {}):
                         row["runs"][variant] = old["runs"][variant]
-                progress.update(
-                    task, description=f"{cell.slug} ({', '.join(wanted)})"
-                )
-                together = (
-                    getattr(args, "jobs", 1) > 1
-                    and (cell.backend, cell.topology)
-                    not in topologies.MULTI_PROCESS
-                )
-                with ThreadPoolExecutor(2 if together else 1) as pool:
-                    futures = {
-                        v: pool.submit(run_one, cell, unit, v) for v in wanted
-                    }
-                    done = {v: f.result() for v, f in futures.items()}
-                for variant, run in done.items():
-                    row[variant] = run["outcome"]
-                    row["runs"][variant] = run
-                    progress.advance(task)
-                    style = "green" if run["outcome"] == "pass" else "red"
-                    console.print(
-                        f"{cell.slug} {variant}: [{style}]{run['outcome']}[/] "
-                        f"({run['seconds']}s) {run['detail']}"
+        rows[cell.key] = row
+    # Every run, longest first: the shared unit runs, then the cells' runs
+    # in matrix order (a unit cell's fork result is read off its shared run).
+    plan = []  # (label, cell, variant, unit, junit)
+    if "fork" in variants:
+        for (version, backend), group in shared.items():
+            first = next(
+                c for c in todo
+                if (c.base, c.backend) == (version, backend)
+                and units.get(c.key) is not None
+            )  # fmt: skip
+            label = f"{version}-unit-{backend} fork (shared)"
+            junit = junit_dir / f"{version}-unit-{backend}-fork.xml"
+            plan.append((label, first, "fork", group, junit))
+    for cell in todo:
+        unit = units.get(cell.key)
+        if unit is not None and not unit.names:
+            continue
+        for variant in variants:
+            if unit is not None and variant == "fork":
+                continue
+            junit = junit_dir / f"{cell.slug}-{variant}.xml"
+            plan.append((f"{cell.slug} {variant}", cell, variant, unit, junit))
+    shared_runs = {}  # (base, backend) -> the fork's shared unit run
+    with (
+        Progress(console=console, transient=False) as progress,
+        ThreadPoolExecutor(jobs) as pool,
+    ):
+        task = progress.add_task("proof matrix", total=len(plan))
+        futures = {
+            pool.submit(run, cell, variant, unit, junit): (
+                label, cell, variant, unit
+            )
+            for label, cell, variant, unit, junit in plan
+        }  # fmt: skip
+        try:
+            for future in as_completed(futures):
+                label, cell, variant, unit = futures[future]
+                result = future.result()
+                if label.endswith("(shared)"):
+                    shared_runs[(cell.base, cell.backend)] = result
+                    detail = (
+                        f"{len(unit.files)} test files of the unit cells; "
+                        f"{result['detail']}"
                     )
-            stock_run = row["runs"].get("stock", {})
-            # Upstream-style unit tests carry no proof/guard roles: a patch's
-            # tests may include regression guards that pass on stock, so a
-            # unit cell is proven when any of its added tests fails there.
-            stock_passed = (
-                ()
-                if unit is not None
-                else tuple(stock_run.get("passed_tests", ()))
+                else:
+                    row = rows[cell.key]
+                    row[variant] = result["outcome"]
+                    row["runs"][variant] = result
+                    detail = result["detail"]
+                progress.advance(task)
+                style = "green" if result["outcome"] == "pass" else "red"
+                console.print(
+                    f"{label}: [{style}]{result['outcome']}[/] "
+                    f"({result['seconds']}s) {detail}"
+                )
+        except BaseException:
+            for f in futures:
+                f.cancel()  # what has not started yet
+            raise
+    for cell in cells:
+        row = rows[cell.key]
+        unit = units.get(cell.key)
+        group = (cell.base, cell.backend)
+        if unit is not None and group in shared_runs and unit.names:
+            fork = cell_result(shared_runs[group], unit)
+            row["fork"] = fork["outcome"]
+            row["runs"]["fork"] = fork
+            style = "green" if fork["outcome"] == "pass" else "red"
+            console.print(
+                f"{cell.slug} fork: [{style}]{fork['outcome']}[/] "
+                f"(shared run) {fork['detail']}"
             )
-            row["verdict"] = verdict(
-                cell.expect, row["stock"], row["fork"], stock_passed
-            )
-            if row["verdict"] == "n/a" and not row["reason"]:
-                row["reason"] = "a variant was not run"
-            results[cell.key] = row
+        stock_run = row["runs"].get("stock", {})
+        # Upstream-style unit tests carry no proof/guard roles: a patch's
+        # tests may include regression guards that pass on stock, so a
+        # unit cell is proven when any of its added tests fails there.
+        stock_passed = (
+            () if unit is not None else tuple(stock_run.get("passed_tests", ()))
+        )
+        row["verdict"] = verdict(
+            cell.expect, row["stock"], row["fork"], stock_passed
+        )
+        if row["verdict"] == "n/a" and not row["reason"]:
+            row["reason"] = "a variant was not run"
+        results[cell.key] = row
     known = {c.key for c in load_matrix()}
     rows = [r for k, r in sorted(results.items()) if k in known]
     write_atomic(proof_json, json.dumps({"cells": rows}, indent=2) + "\n")
@@ -810,8 +872,8 @@ def add_parser(sub):
         type=int,
         choices=(1, 2),
         default=2 if (os.cpu_count() or 1) >= 2 else 1,
-        help="2: run a single-process cell's stock and fork variants at the "
-        "same time (multi-process cells always run one variant at a time)",
+        help="runs at the same time (default 2 on 2 or more cores); a "
+        "multi-process cell's run takes all of them",
     )
     p.add_argument(
         "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"

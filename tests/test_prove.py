@@ -276,3 +276,15 @@ def test_multi_process_topologies_refuse_a_scope_in_the_test_process():
         with pytest.raises(RuntimeError, match="train in workers"):
             topology.scope()
     assert not topologies.Topology("tensorflow", "mirrored-2", 2).multi_process
+
+
+def test_a_multi_process_run_holds_every_slot():
+    slots = prove.Slots(2)
+    with slots.hold(1):
+        # One slot left for another single-process run.
+        assert slots._free.acquire(blocking=False)
+        slots._free.release()
+    with slots.hold(2):
+        assert not slots._free.acquire(blocking=False)
+    # Everything is released afterwards.
+    assert all(slots._free.acquire(blocking=False) for _ in range(2))
