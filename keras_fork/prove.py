@@ -20,9 +20,10 @@ A ``unit`` cell runs the upstream-style tests its fix's patches add: on
 stock only those tests, on the fork every test file they touch. The fork's
 unit runs are shared: one run per base and backend over the union of the
 files, each cell reading its own files' results off it
-(``shared_unit_tests``, ``cell_result``). Runs go ``--jobs`` at a time (2 by
-default on 2 or more cores), longest first: a single-process run takes one
-slot, a multi-process run (whose workers need every core) all of them.
+(``shared_unit_tests``, ``cell_result``). Runs go ``--jobs`` at a time
+(``default_jobs``: 2 on 2 or more cores, 1 on GPUs): the shared unit runs
+first, then single-process runs, each in one slot, then multi-process runs,
+each taking every slot (``Slots``).
 """
 
 from __future__ import annotations
@@ -627,32 +628,53 @@ def replace_between(path: Path, begin: str, end: str, body: str) -> None:
     write_atomic(path, head + begin + "\n" + body + end + tail)
 
 
+def default_jobs(accelerator: str) -> int:
+    """Runs at the same time: 1 on GPUs (each run uses every GPU: two would
+    compete for their memory), else 2 where there are 2 or more cores (one
+    pytest process mostly keeps one core busy)."""
+    if accelerator == "gpu":
+        return 1
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
 class Slots:
     """``n`` run slots: a single-process run holds 1, a multi-process run
     (its workers need every core) holds all ``n``.
 
-    Acquiring several slots is serialized by a lock, so two multi-process
-    runs never each hold part of the slots and wait on each other.
+    Fair to multi-process runs: once one waits, no new single-process run
+    starts, so the running ones drain and it gets every slot (a plain
+    semaphore would let single-process runs take each freed slot first and
+    leave the other slots idle behind the waiting run).
     """
 
     def __init__(self, n: int):
         self.n = n
-        self._free = threading.Semaphore(n)
-        self._gather = threading.Lock()
+        self.free = n
+        self.waiting_whole = 0
+        self._cv = threading.Condition()
+
+    def can_take(self, k: int) -> bool:
+        """Whether a run needing ``k`` slots may start now."""
+        if k >= self.n:
+            return self.free == self.n
+        return self.free >= k and not self.waiting_whole
 
     @contextlib.contextmanager
     def hold(self, k: int):
-        if k == 1:
-            self._free.acquire()
-        else:
-            with self._gather:
-                for _ in range(k):
-                    self._free.acquire()
+        k = min(k, self.n)
+        with self._cv:
+            whole = k == self.n and self.n > 1
+            self.waiting_whole += whole
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self.can_take(k))
+            self.waiting_whole -= whole
+            self.free -= k
         try:
             yield
         finally:
-            for _ in range(k):
-                self._free.release()
+            with self._cv:
+                self.free += k
+                self._cv.notify_all()
 
 
 def main(args, layout: pins.Layout) -> int:
@@ -685,7 +707,7 @@ def main(args, layout: pins.Layout) -> int:
     todo = [c for c in cells if c.expect != "n/a"]
     shared = shared_unit_tests(todo, units)
     junit_dir = layout.dist / "proof" / "junit"
-    jobs = max(1, getattr(args, "jobs", 1))
+    jobs = getattr(args, "jobs", None) or default_jobs(accelerator)
     slots = Slots(jobs)
 
     def run(cell: Cell, variant: str, unit: UnitTests | None, junit: Path):
@@ -738,7 +760,12 @@ def main(args, layout: pins.Layout) -> int:
             label = f"{version}-unit-{backend} fork (shared)"
             junit = junit_dir / f"{version}-unit-{backend}-fork.xml"
             plan.append((label, first, "fork", group, junit))
-    for cell in todo:
+    # Multi-process runs last: each waits for every slot, so among
+    # single-process runs it would leave a slot idle while the others drain.
+    for cell in sorted(
+        todo,
+        key=lambda c: (c.backend, c.topology) in topologies.MULTI_PROCESS,
+    ):
         unit = units.get(cell.key)
         if unit is not None and not unit.names:
             continue
@@ -870,10 +897,11 @@ def add_parser(sub):
     p.add_argument(
         "--jobs",
         type=int,
-        choices=(1, 2),
-        default=2 if (os.cpu_count() or 1) >= 2 else 1,
-        help="runs at the same time (default 2 on 2 or more cores); a "
-        "multi-process cell's run takes all of them",
+        choices=range(1, 9),
+        metavar="{1..8}",
+        help="runs at the same time (default: 1 on GPUs, where each run "
+        "takes every GPU; else 2 on 2 or more cores); a multi-process run "
+        "takes all of them",
     )
     p.add_argument(
         "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"

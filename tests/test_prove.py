@@ -2,6 +2,7 @@
 
 import os
 import re
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -281,10 +282,34 @@ def test_multi_process_topologies_refuse_a_scope_in_the_test_process():
 def test_a_multi_process_run_holds_every_slot():
     slots = prove.Slots(2)
     with slots.hold(1):
-        # One slot left for another single-process run.
-        assert slots._free.acquire(blocking=False)
-        slots._free.release()
+        assert slots.free == 1 and slots.can_take(1)
+        assert not slots.can_take(2)
     with slots.hold(2):
-        assert not slots._free.acquire(blocking=False)
-    # Everything is released afterwards.
-    assert all(slots._free.acquire(blocking=False) for _ in range(2))
+        assert slots.free == 0 and not slots.can_take(1)
+    assert slots.free == 2
+    # While a multi-process run waits, no single-process run may start in
+    # the slot that frees: it gets every slot once the running ones end.
+    slots.waiting_whole = 1
+    assert not slots.can_take(1) and slots.can_take(2)
+
+
+def test_a_waiting_multi_process_run_starts_before_later_ones():
+    slots = prove.Slots(2)
+    started = []
+    first = slots.hold(1)
+    first.__enter__()
+
+    def take(k, name):
+        with slots.hold(k):
+            started.append(name)
+
+    whole = threading.Thread(target=take, args=(2, "whole"))
+    whole.start()
+    with slots._cv:  # bounded: the thread registers within 10 s
+        assert slots._cv.wait_for(lambda: slots.waiting_whole, timeout=10)
+    single = threading.Thread(target=take, args=(1, "single"))
+    single.start()
+    first.__exit__(None, None, None)
+    whole.join(10)
+    single.join(10)
+    assert started == ["whole", "single"]
