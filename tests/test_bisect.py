@@ -36,3 +36,25 @@ def test_touched_test_files_in_patch_order(tmp_path):
         "keras/src/losses/loss_test.py",
         "keras/src/backend/tensorflow/distribute_test.py",
     ]
+
+
+def test_prefix_runs_select_the_tests_the_patch_adds(tmp_path):
+    patch = tmp_path / "0001.patch"
+    patch.write_text(
+        "From 0 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] Fix\n\nWhy.\n---\n"
+        "diff --git a/keras/src/losses/loss_test.py "
+        "b/keras/src/losses/loss_test.py\n"
+        "+++ b/keras/src/losses/loss_test.py\n"
+        "+    def test_empty_batch(self):\n"
+        "+    def test_empty_batch_sum(self):\n"
+        "diff --git a/keras/src/layers/layer_test.py "
+        "b/keras/src/layers/layer_test.py\n"
+        "+++ b/keras/src/layers/layer_test.py\n"
+        "-        self.assertEqual(a, b)\n"
+        "+        self.assertAllClose(a, b)\n"
+    )
+    files = ["keras/src/losses/loss_test.py", "keras/src/layers/layer_test.py"]
+    # A file whose existing tests the patch only edits runs whole.
+    assert bisect.added_test_selection(patch, files) == (
+        "test_empty_batch or test_empty_batch_sum or layer_test"
+    )
