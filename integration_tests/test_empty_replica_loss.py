@@ -62,26 +62,16 @@ def _run(scope, init, x, y):
             metrics=["mae"],
             run_eagerly=True,
         )
-        steps = recorders.StepLosses()
-        history = model.fit(
-            x,
-            y,
-            batch_size=GLOBAL_BATCH,
-            epochs=EPOCHS,
-            shuffle=False,
-            verbose=0,
-            callbacks=[steps],
-        )
-        evaluated = model.evaluate(
-            x, y, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True
+        fitted = recorders.fit_and_evaluate(
+            model, x, y, GLOBAL_BATCH, EPOCHS, return_dict=True
         )
     return {
-        "weights": np.concatenate([np.ravel(w) for w in model.get_weights()]),
-        "per-step loss": np.asarray(steps.losses),
-        "epoch loss": np.asarray(history.history["loss"]),
-        "epoch mae": np.asarray(history.history["mae"]),
-        "evaluate loss": np.asarray(evaluated["loss"]),
-        "evaluate mae": np.asarray(evaluated["mae"]),
+        "weights": fitted.weights,
+        "per-step loss": fitted.step_losses,
+        "epoch loss": np.asarray(fitted.history["loss"]),
+        "epoch mae": np.asarray(fitted.history["mae"]),
+        "evaluate loss": np.asarray(fitted.evaluated["loss"]),
+        "evaluate mae": np.asarray(fitted.evaluated["mae"]),
     }
 
 

@@ -70,30 +70,15 @@ def _run(scope, init, x, y, sample_weight):
         model = _model()
         model.set_weights(init)
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-        steps = recorders.StepLosses()
-        history = model.fit(
-            x,
-            y,
-            sample_weight=sample_weight,
-            batch_size=GLOBAL_BATCH,
-            epochs=EPOCHS,
-            shuffle=False,
-            verbose=0,
-            callbacks=[steps],
-        )
-        evaluated = model.evaluate(
-            x,
-            y,
-            sample_weight=sample_weight,
-            batch_size=GLOBAL_BATCH,
-            verbose=0,
+        fitted = recorders.fit_and_evaluate(
+            model, x, y, GLOBAL_BATCH, EPOCHS, sample_weight
         )
         predictions = model.predict(x, batch_size=GLOBAL_BATCH, verbose=0)
     return {
-        "weights": np.concatenate([np.ravel(w) for w in model.get_weights()]),
-        "per-step loss": np.asarray(steps.losses),
-        "epoch loss": np.asarray(history.history["loss"]),
-        "evaluate loss": np.asarray(evaluated),
+        "weights": fitted.weights,
+        "per-step loss": fitted.step_losses,
+        "epoch loss": np.asarray(fitted.history["loss"]),
+        "evaluate loss": np.asarray(fitted.evaluated),
         "predictions": np.asarray(predictions),
     }
 

@@ -87,26 +87,15 @@ def _train(scope, init, x, y, sample_weight, reduction):
             ),
             loss=keras.losses.MeanSquaredError(reduction=reduction),
         )
-        steps = recorders.StepLosses()
-        history = model.fit(
-            x,
-            y,
-            sample_weight=sample_weight,
-            batch_size=GLOBAL_BATCH,
-            epochs=EPOCHS,
-            shuffle=False,
-            verbose=0,
-            callbacks=[steps],
+        fitted = recorders.fit_and_evaluate(
+            model, x, y, GLOBAL_BATCH, EPOCHS, sample_weight
         )
-        evaluated = model.evaluate(
-            x,
-            y,
-            sample_weight=sample_weight,
-            batch_size=GLOBAL_BATCH,
-            verbose=0,
-        )
-    weights = np.concatenate([np.ravel(w) for w in model.get_weights()])
-    return weights, steps.losses, history.history["loss"], evaluated
+    return (
+        fitted.weights,
+        list(fitted.step_losses),
+        fitted.history["loss"],
+        fitted.evaluated,
+    )
 
 
 def _one_device_and_distributed(scope, num_samples, weighted, reduction):
