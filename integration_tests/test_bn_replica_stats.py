@@ -25,6 +25,7 @@ the global batch on stock; JAX ``DataParallel`` computes the statistics of
 the global batch (one global array); one device is unchanged.
 """
 
+import contextlib
 import os
 
 import keras
@@ -316,6 +317,8 @@ def test_data_parallel_statistics_match_one_device(topology):
     (reassociated float32), 1e-5 relative."""
     if BACKEND != "jax" or topology.num_replicas == 1:
         pytest.skip("JAX DataParallel topology only")
+    if topology.multi_process:
+        pytest.skip(f"{topology.name} runs the worker test")
     model = _fit(topology)
     one_device = _fit(_one_device(topology), topology.num_replicas)
     for name in ("moving_mean", "moving_variance"):
@@ -323,6 +326,51 @@ def test_data_parallel_statistics_match_one_device(topology):
             getattr(model.layers[0], name).numpy(),
             getattr(one_device.layers[0], name).numpy(),
             rtol=STATS_RTOL,
+        )
+
+
+def _jax_process_statistics(rank, world_size):
+    """In each jax/procs-2 worker: the moving statistics after ``fit`` under
+    DataParallel over both processes (each feeding its replica's share of
+    every global batch), and after ``fit`` on this process's one device
+    with the whole global batches."""
+    distribution = topologies.jax_processes(rank, world_size)
+    x, y = _data(world_size)
+    results = []
+    for scope, process in (
+        (distribution.scope(), (rank, world_size)),
+        (contextlib.nullcontext(), None),
+    ):
+        (xs, ys), batch_size = topologies.process_batches(
+            (x, y), PER_REPLICA * world_size, process
+        )
+        with scope:
+            model = _model()
+            model.fit(
+                xs, ys, batch_size=batch_size, epochs=EPOCHS, shuffle=False,
+                verbose=0,
+            )  # fmt: skip
+        bn = model.layers[0]
+        results.append(
+            [np.asarray(bn.moving_mean).tolist(),
+             np.asarray(bn.moving_variance).tolist()]
+        )  # fmt: skip
+    return results
+
+
+@pytest.mark.fix("bn-replica-stats", role="guard")
+def test_jax_processes_statistics_match_one_device(topology):
+    """jax/procs-2: the layer computes the statistics of the global batch
+    (one global array over both processes), as one device does, and both
+    processes hold them (guard). Tolerance as for jax/8."""
+    if topology.name != "procs-2":
+        pytest.skip("jax/procs-2 only")
+    runs = multiprocess.run_workers(
+        f"{__name__}:_jax_process_statistics", world_size=2, timeout=300
+    )
+    for rank, (fitted, expected) in enumerate(runs):
+        np.testing.assert_allclose(
+            fitted, expected, rtol=STATS_RTOL, err_msg=f"process {rank}"
         )
 
 

@@ -47,14 +47,25 @@ def _data():
     return x, y
 
 
-def _run(scope, steps_per_execution):
+def _run(scope, steps_per_execution, process=None):
     """fit, evaluate and predict from fixed initial weights under ``scope``.
+
+    ``process=(rank, world_size)``: a multi-process JAX job, where this
+    process feeds its part of every global batch (``topologies.local_part``)
+    of the first 64 samples (4 steps per epoch: with 3 steps per execution
+    the last call still has fewer); it skips ``predict``, whose outputs
+    are each process's own rows.
 
     Returns:
         A dict of lists: flat weights, epoch losses and MAEs, evaluate's
         [loss, mae], flat predictions.
     """
     x, y = _data()
+    batch_size = GLOBAL_BATCH
+    if process is not None:
+        (x, y), batch_size = topologies.process_batches(
+            (x[:64], y[:64]), GLOBAL_BATCH, process
+        )
     with scope:
         model = keras.Sequential(
             [
@@ -72,22 +83,24 @@ def _run(scope, steps_per_execution):
         history = model.fit(
             x,
             y,
-            batch_size=GLOBAL_BATCH,
+            batch_size=batch_size,
             epochs=EPOCHS,
             shuffle=False,
             verbose=0,
         )
-        evaluated = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
-        predicted = model.predict(x, batch_size=GLOBAL_BATCH, verbose=0)
-    return {
-        "weights": np.concatenate(
-            [np.ravel(w) for w in model.get_weights()]
-        ).tolist(),
-        "loss": history.history["loss"],
-        "mae": history.history["mae"],
-        "evaluate": list(evaluated),
-        "predict": np.ravel(predicted).tolist(),
-    }
+        evaluated = model.evaluate(x, y, batch_size=batch_size, verbose=0)
+        result = {
+            "weights": np.concatenate(
+                [np.ravel(w) for w in model.get_weights()]
+            ).tolist(),
+            "loss": history.history["loss"],
+            "mae": history.history["mae"],
+            "evaluate": list(evaluated),
+        }
+        if process is None:
+            predicted = model.predict(x, batch_size=batch_size, verbose=0)
+            result["predict"] = np.ravel(predicted).tolist()
+    return result
 
 
 def _assert_same(result, expected, where=""):
@@ -105,10 +118,8 @@ def _assert_same(result, expected, where=""):
 def test_steps_per_execution_matches_one_device(topology, steps_per_execution):
     """Several steps per execution under the topology equal one device with
     one step per execution."""
-    if topology.name == "multiworker-2":
-        pytest.skip("multiworker-2 runs the worker test")
-    if topology.backend == "torch" and topology.num_replicas > 1:
-        pytest.skip("torch has no multi-device Model.fit")
+    if topology.multi_process:
+        pytest.skip(f"{topology.name} runs the worker test")
     expected = _run(contextlib.nullcontext(), 1)
     _assert_same(_run(topology.scope(), steps_per_execution), expected)
 
@@ -132,3 +143,34 @@ def test_multiworker_steps_per_execution_matches_one_device(topology):
     )
     for rank, (result, expected) in enumerate(runs):
         _assert_same(result, expected, where=f"worker {rank}")
+
+
+def _jax_process_runs(rank, world_size):
+    """In each jax/procs-2 worker: 2 and 3 steps per execution under
+    DataParallel over both processes (each feeding its part of every global
+    batch), and this process's one device with one step per execution on
+    the whole global batches."""
+    distribution = topologies.jax_processes(rank, world_size)
+    process = (rank, world_size)
+    expected = _run(contextlib.nullcontext(), 1, (0, 1))
+    return {
+        spe: [_run(distribution.scope(), spe, process), expected]
+        for spe in (2, 3)
+    }
+
+
+@pytest.mark.fix("steps-per-execution", role="guard")
+def test_jax_processes_steps_per_execution_match_one_device(topology):
+    """jax/procs-2: JAX runs the steps of one call on global arrays, so
+    several steps per execution already followed one device (guard of the
+    N processes = 1 device invariant)."""
+    if topology.name != "procs-2":
+        pytest.skip("jax/procs-2 only")
+    runs = multiprocess.run_workers(
+        f"{__name__}:_jax_process_runs", world_size=2, timeout=300
+    )
+    for rank, results in enumerate(runs):
+        for spe, (result, expected) in results.items():
+            _assert_same(
+                result, expected, where=f"process {rank}, {spe} steps:"
+            )
