@@ -239,38 +239,23 @@ def test_jax_processes_conditional_updates_match_one_device(topology):
 
 
 def _torch_loop(config, process=None):
-    """A custom torch training loop as in Keras's torch distributed guide:
-    the Keras model in ``torch.nn.parallel.DistributedDataParallel`` (which
-    averages the gradients over the processes in ``backward``) and the
-    Keras optimizer ``config`` applying them. Flat final weights.
+    """A custom torch training loop (``topologies.torch_train``) with the
+    Keras optimizer ``config``; flat final weights.
 
     ``process=(rank, world_size)``: this process's part of every global
     batch, under DDP; ``None``: the whole global batches, no DDP.
     """
-    import torch
-
     x, y = _data()
     (x, y), batch_size = topologies.process_batches(
         (x, y), GLOBAL_BATCH, process
     )
     model = _model()
     optimizer = keras.optimizers.SGD(0.01, momentum=0.5, **CONFIGS[config])
-    variables = model.trainable_variables
-    optimizer.build(variables)
-    net = model
-    if process is not None:
-        net = torch.nn.parallel.DistributedDataParallel(model)
-    for _ in range(EPOCHS):
-        for start in range(0, len(x), batch_size):
-            xb = torch.as_tensor(x[start : start + batch_size])
-            yb = torch.as_tensor(y[start : start + batch_size])
-            loss = torch.mean((net(xb) - yb) ** 2)
-            loss.backward()
-            optimizer.apply([v.value.grad for v in variables], variables)
-            for v in variables:
-                v.value.grad = None
+    topologies.torch_train(
+        model, optimizer, x, y, batch_size, EPOCHS, ddp=process is not None
+    )
     # As fit() ends: EMA overwrites the weights when asked to.
-    optimizer.finalize_variable_values(variables)
+    optimizer.finalize_variable_values(model.trainable_variables)
     return np.concatenate([np.ravel(w) for w in model.get_weights()])
 
 

@@ -127,6 +127,20 @@ def _assert_weights_match(actual, expected, who=""):
         )
 
 
+def _assert_workers_match_one_device(worker):
+    """Runs ``worker`` in 2 processes; each returns ``[fitted, expected]``
+    weights (``_weights`` as lists), which must match."""
+    runs = multiprocess.run_workers(
+        f"{__name__}:{worker}", world_size=2, timeout=300
+    )
+    for rank, (fitted, expected) in enumerate(runs):
+        _assert_weights_match(
+            {k: np.asarray(v) for k, v in fitted.items()},
+            {k: np.asarray(v) for k, v in expected.items()},
+            f"process {rank}: ",
+        )
+
+
 def test_data_parallel_matches_one_device(topology):
     """jax/8: ``fit`` under DataParallel with ``synchronized=True`` ends
     where one device does (stock: ValueError, JAX is not TensorFlow)."""
@@ -156,45 +170,22 @@ def test_jax_processes_match_one_device(topology):
     batch, end where one device does."""
     if topology.name != "procs-2":
         pytest.skip("jax/procs-2 only")
-    runs = multiprocess.run_workers(
-        f"{__name__}:_jax_process_fits", world_size=2, timeout=300
-    )
-    for rank, (fitted, expected) in enumerate(runs):
-        _assert_weights_match(
-            {k: np.asarray(v) for k, v in fitted.items()},
-            {k: np.asarray(v) for k, v in expected.items()},
-            f"process {rank}: ",
-        )
+    _assert_workers_match_one_device("_jax_process_fits")
 
 
 def _torch_loop(synchronized, process=None):
-    """A custom torch training loop as in Keras's torch distributed guide:
-    the Keras model in ``DistributedDataParallel`` (which averages the
-    gradients over the processes in ``backward``), a Keras SGD applying
-    them. ``process=(rank, world_size)``: this process's part of every
+    """A custom torch training loop (``topologies.torch_train``) with a
+    Keras SGD. ``process=(rank, world_size)``: this process's part of every
     global batch, under DDP; ``None``: the whole global batches, no DDP."""
-    import torch
-
     x, y = _data()
     (x, y), batch_size = topologies.process_batches(
         (x, y), GLOBAL_BATCH, process
     )
     model = _model(synchronized)
-    optimizer = keras.optimizers.SGD(0.1)
-    variables = model.trainable_variables
-    optimizer.build(variables)
-    net = model
-    if process is not None:
-        net = torch.nn.parallel.DistributedDataParallel(model)
-    for _ in range(EPOCHS):
-        for start in range(0, len(x), batch_size):
-            xb = torch.as_tensor(x[start : start + batch_size])
-            yb = torch.as_tensor(y[start : start + batch_size])
-            loss = torch.mean((net(xb, training=True) - yb) ** 2)
-            loss.backward()
-            optimizer.apply([v.value.grad for v in variables], variables)
-            for v in variables:
-                v.value.grad = None
+    topologies.torch_train(
+        model, keras.optimizers.SGD(0.1), x, y, batch_size, EPOCHS,
+        ddp=process is not None,
+    )  # fmt: skip
     return {k: v.tolist() for k, v in _weights(model).items()}
 
 
@@ -216,12 +207,4 @@ def test_ddp_matches_one_device(topology):
     global batches (stock: ValueError, PyTorch is not TensorFlow)."""
     if topology.name != "ddp-2":
         pytest.skip("torch/ddp-2 only")
-    runs = multiprocess.run_workers(
-        f"{__name__}:_ddp_fits", world_size=2, timeout=300
-    )
-    for rank, (fitted, expected) in enumerate(runs):
-        _assert_weights_match(
-            {k: np.asarray(v) for k, v in fitted.items()},
-            {k: np.asarray(v) for k, v in expected.items()},
-            f"process {rank}: ",
-        )
+    _assert_workers_match_one_device("_ddp_fits")

@@ -278,6 +278,40 @@ def process_batches(arrays, global_batch: int, process=None):
     return parts, global_batch // world_size
 
 
+def torch_train(model, optimizer, x, y, batch_size, epochs, ddp=False):
+    """Trains ``model`` in a custom torch loop, as in Keras's guide to
+    distributed training with PyTorch: per batch, the mean squared error
+    with the layers in training mode, ``backward()``, then the Keras
+    ``optimizer`` applies the gradients to the trainable variables.
+
+    Args:
+        model: a Keras model (a ``torch.nn.Module`` on the torch backend).
+        optimizer: a Keras optimizer, built here for the trainable
+            variables.
+        x, y: NumPy arrays, ``(samples, ...)`` and ``(samples, 1)``: this
+            process's rows (see ``process_batches``), fed unshuffled.
+        batch_size: rows per step (this process's part of a global batch).
+        epochs: passes over ``x``.
+        ddp: wrap the model in ``torch.nn.parallel.DistributedDataParallel``
+            (needs a process group, e.g. ``multiprocess.torch_process_group``),
+            which averages the gradients over the processes in ``backward``.
+    """
+    import torch
+
+    variables = model.trainable_variables
+    optimizer.build(variables)
+    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    for _ in range(epochs):
+        for start in range(0, len(x), batch_size):
+            xb = torch.as_tensor(x[start : start + batch_size])
+            yb = torch.as_tensor(y[start : start + batch_size])
+            loss = torch.mean((net(xb, training=True) - yb) ** 2)
+            loss.backward()
+            optimizer.apply([v.value.grad for v in variables], variables)
+            for v in variables:
+                v.value.grad = None
+
+
 _CURRENT = None
 
 

@@ -206,37 +206,52 @@ def _unit_workdir(workdir: Path, unit: UnitTests) -> None:
 def load_matrix(path: Path = MATRIX) -> list[Cell]:
     """Reads ``matrix.toml`` into cells.
 
+    A fix's ``cells`` hold for each of its ``bases``; a table
+    ``[fixes.<id>.base_cells."<base>"]`` replaces some of them for that base
+    (a fix proven on one base may only be guarded on another, where
+    upstream already has it).
+
     Raises:
-        ForkError: an unknown backend/topology or an invalid expectation.
+        ForkError: an unknown backend/topology, an invalid expectation, or
+            ``base_cells`` for a base the fix does not list.
     """
     data = tomllib.loads(path.read_text())
     cells = []
     for fix, spec in data.get("fixes", {}).items():
-        for where, expect in spec.get("cells", {}).items():
-            backend, _, topology = where.partition("/")
-            reason = ""
-            if expect.startswith("n/a"):
-                expect, reason = "n/a", expect.partition(":")[2].strip()
-                if not reason:
-                    raise ForkError(
-                        f"{path}: {fix} {where}: n/a needs a reason"
-                    )
-            elif expect not in EXPECTS:
-                raise ForkError(
-                    f"{path}: {fix} {where}: expectation {expect!r} is not "
-                    f"one of {EXPECTS} or 'n/a: <reason>'"
-                )
-            elif not topologies.known(backend, topology):
-                raise ForkError(
-                    f"{path}: {fix}: unknown cell {where}; known: "
-                    f"{sorted('/'.join(k) for k in topologies.TOPOLOGIES)}"
-                )
-            for base in spec["bases"]:
-                cells.append(
-                    Cell(base, fix, spec.get("issue", ""), backend, topology,
-                         expect, reason)
-                )  # fmt: skip
+        by_base = spec.get("base_cells", {})
+        stray = sorted(set(by_base) - set(spec["bases"]))
+        if stray:
+            raise ForkError(
+                f"{path}: {fix}: base_cells for {stray}, not in its bases "
+                f"{spec['bases']}"
+            )
+        for base in spec["bases"]:
+            table = {**spec.get("cells", {}), **by_base.get(base, {})}
+            for where, expect in table.items():
+                cells.append(_matrix_cell(path, base, fix, spec, where, expect))
     return cells
+
+
+def _matrix_cell(path, base, fix, spec, where, expect) -> Cell:
+    backend, _, topology = where.partition("/")
+    reason = ""
+    if expect.startswith("n/a"):
+        expect, reason = "n/a", expect.partition(":")[2].strip()
+        if not reason:
+            raise ForkError(f"{path}: {fix} {where}: n/a needs a reason")
+    elif expect not in EXPECTS:
+        raise ForkError(
+            f"{path}: {fix} {where}: expectation {expect!r} is not "
+            f"one of {EXPECTS} or 'n/a: <reason>'"
+        )
+    elif not topologies.known(backend, topology):
+        raise ForkError(
+            f"{path}: {fix}: unknown cell {where}; known: "
+            f"{sorted('/'.join(k) for k in topologies.TOPOLOGIES)}"
+        )
+    return Cell(
+        base, fix, spec.get("issue", ""), backend, topology, expect, reason
+    )
 
 
 def select(cells: list[Cell], args) -> list[Cell]:

@@ -106,6 +106,28 @@ def test_bad_matrix_entries_are_refused(tmp_path, cell, error):
         prove.load_matrix(path)
 
 
+def test_base_cells_replace_cells_for_their_base(tmp_path):
+    path = tmp_path / "matrix.toml"
+    path.write_text(
+        '[fixes.f]\nbases = ["3.7.0", "3.15.1"]\n'
+        '[fixes.f.cells]\n"jax/1" = "proven"\n"jax/8" = "guard"\n'
+        '[fixes.f.base_cells."3.15.1"]\n"jax/1" = "guard"\n'
+    )
+    got = {(c.base, c.topology): c.expect for c in prove.load_matrix(path)}
+    assert got == {
+        ("3.7.0", "1"): "proven",
+        ("3.7.0", "8"): "guard",
+        ("3.15.1", "1"): "guard",
+        ("3.15.1", "8"): "guard",
+    }
+    path.write_text(
+        '[fixes.f]\nbases = ["3.7.0"]\n[fixes.f.cells]\n"jax/1" = "guard"\n'
+        '[fixes.f.base_cells."3.15.1"]\n"jax/1" = "guard"\n'
+    )
+    with pytest.raises(ForkError, match="not in its bases"):
+        prove.load_matrix(path)
+
+
 def test_filters_select_cells_and_refuse_empty_selection():
     cells = prove.load_matrix()
     args = SimpleNamespace(base=None, fix=None, backend=["jax"], topology=["8"])
