@@ -152,6 +152,7 @@ def _jax_process_runs(rank, world_size):
     the whole global batches."""
     distribution = topologies.jax_processes(rank, world_size)
     process = (rank, world_size)
+    # One process feeding every row of the same 64 samples (no predict).
     expected = _run(contextlib.nullcontext(), 1, (0, 1))
     return {
         spe: [_run(distribution.scope(), spe, process), expected]
