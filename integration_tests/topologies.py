@@ -278,7 +278,9 @@ def process_batches(arrays, global_batch: int, process=None):
     return parts, global_batch // world_size
 
 
-def torch_train(model, optimizer, x, y, batch_size, epochs, ddp=False):
+def torch_train(
+    model, optimizer, x, y, batch_size, epochs, ddp=False, on_epoch_end=None
+):
     """Trains ``model`` in a custom torch loop, as in Keras's guide to
     distributed training with PyTorch: per batch, the mean squared error
     with the layers in training mode, ``backward()``, then the Keras
@@ -295,13 +297,15 @@ def torch_train(model, optimizer, x, y, batch_size, epochs, ddp=False):
         ddp: wrap the model in ``torch.nn.parallel.DistributedDataParallel``
             (needs a process group, e.g. ``multiprocess.torch_process_group``),
             which averages the gradients over the processes in ``backward``.
+        on_epoch_end: called with the epoch index after each epoch (the
+            benchmark times epochs with it); ``None`` for nothing.
     """
     import torch
 
     variables = model.trainable_variables
     optimizer.build(variables)
     net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
-    for _ in range(epochs):
+    for epoch in range(epochs):
         for start in range(0, len(x), batch_size):
             xb = torch.as_tensor(x[start : start + batch_size])
             yb = torch.as_tensor(y[start : start + batch_size])
@@ -310,6 +314,8 @@ def torch_train(model, optimizer, x, y, batch_size, epochs, ddp=False):
             optimizer.apply([v.value.grad for v in variables], variables)
             for v in variables:
                 v.value.grad = None
+        if on_epoch_end is not None:
+            on_epoch_end(epoch)
 
 
 _CURRENT = None
