@@ -4,7 +4,9 @@ Each case runs ``keras_fork.bench_worker`` in a fresh process per variant,
 alternating stock and fork (ABBA order across rounds, so drift of the machine
 hits both), and reports medians and the fork/stock ratio with its spread
 (min and max of the per-round ratios). Results: ``dist/bench.json`` and a
-table (``--readme`` puts it in README.md).
+table (``--readme`` puts it in README.md). A run of some cases (``--case``)
+replaces those rows of the last run on the same machine with as many rounds
+(``merge``) and keeps the others.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def run(layout, base, rounds, accelerator, cases, console):
             "ratio_max": max(ratios),
             "stock_peak_mib": max(peaks["stock"]),
             "fork_peak_mib": max(peaks["fork"]),
+            "date": datetime.date.today().isoformat(),
         }
         spread = f"{row['ratio_min']:.3f}..{row['ratio_max']:.3f}"
         console.print(
@@ -144,9 +147,44 @@ def run(layout, base, rounds, accelerator, cases, console):
     }
 
 
+def _row_key(row) -> tuple:
+    return (row["case"], row["backend"], row["topology"])
+
+
+def merge(previous, doc):
+    """Puts the rows of ``doc`` (a run of some cases) into ``previous``.
+
+    Args:
+        previous: the last ``dist/bench.json`` run of the same base, or
+            ``None``.
+        doc: the new run's document (``run``).
+
+    Returns:
+        ``doc`` with ``previous``'s other rows: a row of ``doc`` replaces the
+        row of the same (case, backend, topology) in place, new rows come
+        after in ``CASES`` order. ``doc`` alone when ``previous`` was
+        measured on another machine or with another number of rounds, whose
+        rows would not compare.
+    """
+    if (
+        not previous
+        or previous.get("machine") != doc["machine"]
+        or previous.get("rounds") != doc["rounds"]
+    ):
+        return doc
+    new = {_row_key(r): r for r in doc["cases"]}
+    rows = [new.pop(_row_key(r), r) for r in previous["cases"]]
+    rows += list(new.values())
+    order = {(c[0], c[2], c[3]): i for i, c in enumerate(CASES)}
+    rows.sort(key=lambda r: order.get(_row_key(r), len(order)))
+    return dict(doc, cases=rows)
+
+
 def render_table(doc) -> str:
+    dates = sorted({r.get("date", doc["date"]) for r in doc["cases"]})
+    date = dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
     lines = [
-        f"_keras {doc['base']}, {doc['machine']}, {doc['date']}, "
+        f"_keras {doc['base']}, {doc['machine']}, {date}, "
         f"{doc['rounds']} alternating rounds; ratio = fork/stock of medians "
         "(min..max of per-round ratios)._",
         "",
@@ -196,6 +234,14 @@ def main(argv=None) -> int:
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.case:
+        previous = {}
+        try:
+            text = (layout.dist / "bench.json").read_text()
+            previous = {d["base"]: d for d in json.loads(text)["runs"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # no usable last run: this one stands alone
+        docs = [merge(previous.get(d["base"]), d) for d in docs]
     text = json.dumps({"runs": docs}, indent=2) + "\n"
     prove.write_atomic(layout.dist / "bench.json", text)
     table = "\n".join(render_table(d) for d in docs)
