@@ -99,9 +99,16 @@ def _measure(
     return statistics.median(result["seconds"]), result["peak_mib"]
 
 
-def run(layout, base, rounds, accelerator, cases, console):
-    """Measures every case; returns the ``dist/bench.json`` document."""
-    dirs = prove.install_variants(layout, base)
+def run(layout, base, rounds, accelerator, cases, console, aa=False):
+    """Measures every case; returns the ``dist/bench.json`` document.
+
+    With ``aa`` (an A/A run), the "fork" column measures stock again: the
+    spread of its ratios is the noise floor of each case on this machine,
+    against which a fork/stock ratio can be read.
+    """
+    dirs = dict(prove.install_variants(layout, base))
+    if aa:
+        dirs["fork"] = dirs["stock"]
     overlay = prove.install_overlay(layout, base)
     rows = []
     for case, workload, backend, topology, opts in cases:
@@ -143,6 +150,7 @@ def run(layout, base, rounds, accelerator, cases, console):
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"{accelerator.upper()}",
         "rounds": rounds,
+        "aa": aa,
         "cases": rows,
     }
 
@@ -163,13 +171,14 @@ def merge(previous, doc):
         ``doc`` with ``previous``'s other rows: a row of ``doc`` replaces the
         row of the same (case, backend, topology) in place, new rows come
         after in ``CASES`` order. ``doc`` alone when ``previous`` was
-        measured on another machine or with another number of rounds, whose
-        rows would not compare.
+        measured on another machine, with another number of rounds or as
+        another kind of run (A/A or not), whose rows would not compare.
     """
     if (
         not previous
         or previous.get("machine") != doc["machine"]
         or previous.get("rounds") != doc["rounds"]
+        or previous.get("aa", False) != doc.get("aa", False)
     ):
         return doc
     new = {_row_key(r): r for r in doc["cases"]}
@@ -183,9 +192,12 @@ def merge(previous, doc):
 def render_table(doc) -> str:
     dates = sorted({r.get("date", doc["date"]) for r in doc["cases"]})
     date = dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
+    what = "ratio = fork/stock of medians"
+    if doc.get("aa"):
+        what = "A/A run: the fork column is stock again; ratio = stock/stock"
     lines = [
         f"_keras {doc['base']}, {doc['machine']}, {date}, "
-        f"{doc['rounds']} alternating rounds; ratio = fork/stock of medians "
+        f"{doc['rounds']} alternating rounds; {what} "
         "(min..max of per-round ratios)._",
         "",
         "| case | backend | topology | stock | fork | ratio | peak MiB "
@@ -216,7 +228,15 @@ def main(argv=None) -> int:
         "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"
     )
     p.add_argument("--readme", action="store_true")
+    p.add_argument(
+        "--aa",
+        action="store_true",
+        help="A/A: measure stock against itself (noise floor), into "
+        "dist/bench-aa.json",
+    )
     args = p.parse_args(argv)
+    if args.aa and args.readme:
+        p.error("--aa measures no fork: it does not go into the README")
     layout = pins.Layout.default()
     console = Console(stderr=True, highlight=False)
     accelerator = args.accelerator
@@ -228,22 +248,23 @@ def main(argv=None) -> int:
     try:
         bases = pins.select_bases(layout, [args.base] if args.base else None)
         docs = [
-            run(layout, b, args.rounds, accelerator, cases, console)
+            run(layout, b, args.rounds, accelerator, cases, console, args.aa)
             for b in bases
         ]
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    out = layout.dist / ("bench-aa.json" if args.aa else "bench.json")
     if args.case:
         previous = {}
         try:
-            text = (layout.dist / "bench.json").read_text()
+            text = out.read_text()
             previous = {d["base"]: d for d in json.loads(text)["runs"]}
         except (OSError, ValueError, KeyError, TypeError):
             pass  # no usable last run: this one stands alone
         docs = [merge(previous.get(d["base"]), d) for d in docs]
     text = json.dumps({"runs": docs}, indent=2) + "\n"
-    prove.write_atomic(layout.dist / "bench.json", text)
+    prove.write_atomic(out, text)
     table = "\n".join(render_table(d) for d in docs)
     print(table)
     if args.readme:

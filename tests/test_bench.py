@@ -53,10 +53,17 @@ def test_a_run_of_some_cases_replaces_only_their_rows():
     assert "| shuffle epoch, 10M samples | tensorflow | 1 |" in table
 
 
-def test_rows_of_another_machine_or_round_count_are_dropped():
+def test_rows_of_another_machine_rounds_or_kind_are_dropped():
     previous = _doc([_row(MLP, "jax", "1", 1.1)])
     doc = _doc([_row(SHUFFLE, "jax", "1", 1.0)], rounds=3)
     assert bench.merge(previous, doc) is doc
     doc = _doc([_row(SHUFFLE, "jax", "1", 1.0)], machine="aarch64")
     assert bench.merge(previous, doc) is doc
     assert bench.merge(None, doc) is doc
+    doc = dict(_doc([_row(SHUFFLE, "jax", "1", 1.0)]), aa=True)
+    assert bench.merge(previous, doc) is doc
+
+
+def test_an_aa_table_says_it_measures_stock_twice():
+    doc = dict(_doc([_row(MLP, "jax", "1", 1.1)]), aa=True)
+    assert "A/A run: the fork column is stock again" in bench.render_table(doc)
