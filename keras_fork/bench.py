@@ -168,9 +168,9 @@ def merge(previous, doc):
         doc: the new run's document (``run``).
 
     Returns:
-        ``doc`` with ``previous``'s other rows: a row of ``doc`` replaces the
-        row of the same (case, backend, topology) in place, new rows come
-        after in ``CASES`` order. ``doc`` alone when ``previous`` was
+        ``doc`` with the rows of ``previous`` that it does not measure again
+        (same case, backend and topology), all in ``CASES`` order; cases
+        no longer listed come last. ``doc`` alone when ``previous`` was
         measured on another machine, with another number of rounds or as
         another kind of run (A/A or not), whose rows would not compare.
     """
@@ -181,9 +181,9 @@ def merge(previous, doc):
         or previous.get("aa", False) != doc.get("aa", False)
     ):
         return doc
-    new = {_row_key(r): r for r in doc["cases"]}
-    rows = [new.pop(_row_key(r), r) for r in previous["cases"]]
-    rows += list(new.values())
+    measured = {_row_key(r) for r in doc["cases"]}
+    rows = [r for r in previous["cases"] if _row_key(r) not in measured]
+    rows += doc["cases"]
     order = {(c[0], c[2], c[3]): i for i, c in enumerate(CASES)}
     rows.sort(key=lambda r: order.get(_row_key(r), len(order)))
     return dict(doc, cases=rows)

@@ -110,6 +110,19 @@ def _cnn(keras):
 MODELS = {"mlp": (_mlp, (32,)), "cnn": (_cnn, (16, 16, 3))}
 
 
+def _model_and_data(opts):
+    """The model builder of ``opts["model"]`` (``"mlp"`` by default) and
+    its data: ``opts["samples"]`` normal inputs and targets, ``(samples,
+    ...)`` and ``(samples, 1)``, the same in every process."""
+    import numpy as np
+
+    build, input_shape = MODELS[opts.get("model", "mlp")]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(opts["samples"], *input_shape)).astype("float32")
+    y = rng.normal(size=(opts["samples"], 1)).astype("float32")
+    return build, x, y
+
+
 def fit_step(opts):
     """Mean step time (seconds) of each epoch after the first (compilation)
     one; ``opts["model"]`` is ``"mlp"`` (default) or ``"cnn"``. With
@@ -118,15 +131,11 @@ def fit_step(opts):
     per-batch-logs sums over replicas every step. The epoch time includes
     the work done at its end (e.g. the fork's sync of on-read weights)."""
     import keras
-    import numpy as np
 
     from integration_tests import topologies
 
     topology = topologies.current()
-    build, input_shape = MODELS[opts.get("model", "mlp")]
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(opts["samples"], *input_shape)).astype("float32")
-    y = rng.normal(size=(opts["samples"], 1)).astype("float32")
+    build, x, y = _model_and_data(opts)
     metrics = []
     if opts.get("metrics"):
         y = (y > 0).astype("float32")
@@ -183,16 +192,12 @@ def _ddp_worker(rank, world_size):
     """One process of ``ddp_step``; returns its step time per epoch and its
     peak memory (``_result``)."""
     import keras
-    import numpy as np
 
     from integration_tests import multiprocess
     from integration_tests import topologies
 
     opts = json.loads(os.environ["BENCH_OPTS"])
-    build, input_shape = MODELS[opts.get("model", "mlp")]
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(opts["samples"], *input_shape)).astype("float32")
-    y = rng.normal(size=(opts["samples"], 1)).astype("float32")
+    build, x, y = _model_and_data(opts)
     (x, y), batch_size = topologies.process_batches(
         (x, y), opts["batch_size"], (rank, world_size)
     )
