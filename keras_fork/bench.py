@@ -7,6 +7,10 @@ hits both), and reports medians and the fork/stock ratio with its spread
 table (``--readme`` puts it in README.md). A run of some cases (``--case``)
 replaces those rows of the last run on the same machine with as many rounds
 (``merge``) and keeps the others.
+
+``--work`` counts instead of timing (``run_work``): the Python calls per
+step and the compiled training step of each step case, stock and fork, into
+``dist/bench-work.json``; counts resolve what the timings' noise cannot.
 """
 
 from __future__ import annotations
@@ -78,9 +82,10 @@ CASES = [
 ]  # fmt: skip
 
 
-def _measure(
+def _run_worker(
     variant_dir, overlay, workload, backend, topology, opts, accelerator
 ):
+    """Runs ``keras_fork.bench_worker`` once; returns its JSON document."""
     env = prove.child_env(
         variant_dir, overlay, topologies.env_for(backend, topology, accelerator)
     )
@@ -95,7 +100,11 @@ def _measure(
             f"benchmark {workload} ({backend}/{topology}) failed:\n"
             f"{proc.stderr[-2000:]}"
         )
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _measure(*args):
+    result = _run_worker(*args)
     return statistics.median(result["seconds"]), result["peak_mib"]
 
 
@@ -153,6 +162,104 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
         "aa": aa,
         "cases": rows,
     }
+
+
+# Step workloads whose work per step ``run_work`` counts.
+WORK_WORKLOADS = ("stateless_call", "fit_step", "ddp_step")
+WORK_EPOCHS = 4
+WORK_BEGIN = "<!-- bench-work:begin -->"
+WORK_END = "<!-- bench-work:end -->"
+
+
+def run_work(layout, base, accelerator, cases, console):
+    """Counts the work per step of each step case, stock and fork.
+
+    Timings on a loaded machine cannot resolve a fork cost of a few percent
+    (the per-round ratios of one case spread over 0.4..1.8 on the 2-core
+    CI host); counts can. Per case, one process per variant reports
+    (``keras_fork.bench_worker``, ``"work"``):
+
+    * the Python function calls per step (per call for ``stateless_call``)
+      in each of ``WORK_EPOCHS`` epochs after the compiling one. A row
+      keeps the smallest: the epochs differ only by how often the main
+      thread polls a background thread (JAX's prefetch), which adds calls
+      and never removes them.
+    * the compiled training step's size and digest (``compiled_step``):
+      the same digest means the same XLA program (JAX) or the same op
+      counts by type (TensorFlow) every step.
+
+    Returns:
+        The ``dist/bench-work.json`` document: rows of ``case``,
+        ``backend``, ``topology``, ``stock_calls``/``fork_calls`` (per
+        step), ``*_calls_max`` (the largest epoch's), ``stock_graph``/
+        ``fork_graph`` (``compiled_step`` or ``None``).
+    """
+    dirs = dict(prove.install_variants(layout, base))
+    overlay = prove.install_overlay(layout, base)
+    rows = []
+    for case, workload, backend, topology, opts in cases:
+        if workload not in WORK_WORKLOADS:
+            continue
+        opts = dict(opts, work=True)
+        if "epochs" in opts:
+            opts["epochs"] = WORK_EPOCHS
+        row = {"case": case, "backend": backend, "topology": topology}
+        for variant in ("stock", "fork"):
+            result = _run_worker(
+                dirs[variant], overlay, workload, backend, topology, opts,
+                accelerator,
+            )  # fmt: skip
+            row[f"{variant}_calls"] = min(result["calls_per_step"])
+            row[f"{variant}_calls_max"] = max(result["calls_per_step"])
+            row[f"{variant}_graph"] = result["graph"]
+        row["date"] = datetime.date.today().isoformat()
+        console.print(
+            f"{case} ({backend}/{topology}): calls/step "
+            f"{row['stock_calls']:.1f} -> {row['fork_calls']:.1f}, "
+            f"compiled step {_graph_text(row)}"
+        )
+        rows.append(row)
+    return {
+        "base": base.version,
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"{accelerator.upper()}",
+        "rounds": 1,
+        "work": True,
+        "cases": rows,
+    }
+
+
+def _graph_text(row) -> str:
+    stock, fork = row["stock_graph"], row["fork_graph"]
+    if stock is None and fork is None:
+        return "- (eager)"
+    if stock and fork and stock["digest"] == fork["digest"]:
+        return f"same {stock['kind']} ({stock['ops']} ops)"
+    sizes = "/".join(str(g["ops"]) if g else "-" for g in (stock, fork))
+    kind = (stock or fork)["kind"]
+    return f"differs: {kind} {sizes} ops"
+
+
+def render_work_table(doc) -> str:
+    """The README table of a ``run_work`` document."""
+    lines = [
+        f"_keras {doc['base']}, {doc['machine']}, {doc['date']}; Python "
+        "calls per step (per call for stateless_call): the fewest of "
+        f"{WORK_EPOCHS} epochs, fork - stock; compiled step: stock vs "
+        "fork._",
+        "",
+        "| case | backend | topology | calls/step stock | fork | "
+        "fork - stock | compiled step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["cases"]:
+        lines.append(
+            f"| {r['case']} | {r['backend']} | {r['topology']} | "
+            f"{r['stock_calls']:.1f} | {r['fork_calls']:.1f} | "
+            f"{r['fork_calls'] - r['stock_calls']:+.1f} | {_graph_text(r)} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _row_key(row) -> tuple:
@@ -234,9 +341,17 @@ def main(argv=None) -> int:
         help="A/A: measure stock against itself (noise floor), into "
         "dist/bench-aa.json",
     )
+    p.add_argument(
+        "--work",
+        action="store_true",
+        help="count Python calls per step and compare the compiled steps "
+        "instead of timing, into dist/bench-work.json",
+    )
     args = p.parse_args(argv)
     if args.aa and args.readme:
         p.error("--aa measures no fork: it does not go into the README")
+    if args.aa and args.work:
+        p.error("--work counts, stock and fork once each: no A/A run")
     layout = pins.Layout.default()
     console = Console(stderr=True, highlight=False)
     accelerator = args.accelerator
@@ -247,14 +362,32 @@ def main(argv=None) -> int:
     ]
     try:
         bases = pins.select_bases(layout, [args.base] if args.base else None)
-        docs = [
-            run(layout, b, args.rounds, accelerator, cases, console, args.aa)
-            for b in bases
-        ]
+        if args.work:
+            docs = [
+                run_work(layout, b, accelerator, cases, console) for b in bases
+            ]
+        else:
+            docs = [
+                run(
+                    layout,
+                    b,
+                    args.rounds,
+                    accelerator,
+                    cases,
+                    console,
+                    args.aa,
+                )  # fmt: skip
+                for b in bases
+            ]
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = layout.dist / ("bench-aa.json" if args.aa else "bench.json")
+    name = "bench.json"
+    if args.aa:
+        name = "bench-aa.json"
+    elif args.work:
+        name = "bench-work.json"
+    out = layout.dist / name
     if args.case:
         previous = {}
         try:
@@ -265,11 +398,15 @@ def main(argv=None) -> int:
         docs = [merge(previous.get(d["base"]), d) for d in docs]
     text = json.dumps({"runs": docs}, indent=2) + "\n"
     prove.write_atomic(out, text)
-    table = "\n".join(render_table(d) for d in docs)
+    render = render_work_table if args.work else render_table
+    table = "\n".join(render(d) for d in docs)
     print(table)
     if args.readme:
+        begin, end = (WORK_BEGIN, WORK_END) if args.work else (
+            README_BEGIN, README_END
+        )  # fmt: skip
         prove.replace_between(
-            layout.dist.parent / "README.md", README_BEGIN, README_END, table
+            layout.dist.parent / "README.md", begin, end, table
         )
     return 0
 

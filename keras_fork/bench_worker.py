@@ -5,20 +5,145 @@ whichever keras is first on PYTHONPATH (stock or fork), measures, and prints
 one JSON line ``{"seconds": [...], "peak_mib": float}``: one duration per
 repetition, in seconds, and the process's peak resident memory in MiB (the
 worker processes' largest, for a workload that starts workers).
+
+With ``"work": true`` in the options, the step workloads count instead of
+timing (``scripts/bench --work``): ``"calls_per_step"``, the Python function
+calls per step of each measured repetition (``cProfile``'s count: every
+Python function and every C function called from Python, hence every op
+dispatched from Python), and ``"graph"``, the size and digest of the
+compiled step (``compiled_step``), or ``None`` where the step runs eagerly.
+Counts do not depend on the machine's load, so a difference of a few calls
+per step is resolved where a timing is not.
 """
 
+import collections
+import cProfile
+import glob
+import hashlib
 import json
 import os
+import pstats
+import re
 import resource
 import sys
+import tempfile
 import time
 
 
-def _result(seconds):
-    """The JSON document of a measurement: ``seconds`` (a list) and this
-    process's peak resident memory in MiB."""
+def _result(seconds, **extra):
+    """The JSON document of a measurement: ``seconds`` (a list), this
+    process's peak resident memory in MiB, and ``extra``."""
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"seconds": seconds, "peak_mib": peak_kib / 1024}
+    return {"seconds": seconds, "peak_mib": peak_kib / 1024, **extra}
+
+
+class CallCounter:
+    """Counts the Python function calls made between ``start`` and
+    ``stop`` (``cProfile``: Python functions and the C functions they call,
+    https://docs.python.org/3/library/profile.html), one count per
+    start/stop, in ``counts``. Only the calling thread is counted."""
+
+    def __init__(self):
+        self.counts = []
+        self._profile = None
+
+    def start(self):
+        self._profile = cProfile.Profile()
+        self._profile.enable()
+
+    def stop(self):
+        self._profile.disable()
+        self.counts.append(pstats.Stats(self._profile).total_calls)
+
+
+_HLO_INSTRUCTION = re.compile(r"^\s+(ROOT )?%?[\w.-]+ = ")
+_HLO_LOCATION = re.compile(r", (metadata=\{[^}]*\}|stack_frame_id=\d+)")
+
+
+def canonical_hlo(text):
+    """The instructions of an HLO text dump without their source locations.
+
+    Args:
+        text: an XLA ``*after_optimizations.txt`` dump (``--xla_dump_to``
+            with ``--xla_dump_hlo_as_text``).
+
+    Returns:
+        The instruction lines, stripped, with ``metadata={...}`` and
+        ``stack_frame_id=N`` removed: those name the Python file and line
+        that emitted each op, which differ between two installs of the
+        same code.
+    """
+    return [
+        _HLO_LOCATION.sub("", line.strip())
+        for line in text.splitlines()
+        if _HLO_INSTRUCTION.match(line)
+    ]
+
+
+def _digest(lines):
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+
+
+def compiled_step(model, hlo_dump_dir):
+    """The size and digest of ``model``'s compiled training step.
+
+    * JAX: the XLA modules of the jitted ``train_step`` as compiled
+      (``*train_step*after_optimizations.txt`` in ``hlo_dump_dir``),
+      ``canonical_hlo``: ``ops`` counts instructions.
+    * TensorFlow: the graphs of the ``tf.function``\ s that
+      ``model.train_function`` closes over, with their function libraries:
+      ``ops`` counts nodes, the digest covers the count of each op type
+      (not the wiring).
+    * torch (eager): ``None``.
+
+    Returns:
+        ``{"kind": str, "ops": int, "digest": str}`` or ``None``.
+    """
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        lines = []
+        pattern = os.path.join(hlo_dump_dir, "*train_step*.txt")
+        for path in sorted(glob.glob(pattern)):
+            if path.endswith("after_optimizations.txt"):
+                with open(path) as f:
+                    lines += canonical_hlo(f.read())
+        return {"kind": "XLA HLO", "ops": len(lines), "digest": _digest(lines)}
+    if backend == "tensorflow":
+        ops = collections.Counter()
+        for fn in _tf_functions(model.train_function, set()):
+            for concrete in fn._list_all_concrete_functions():
+                graph_def = concrete.graph.as_graph_def()
+                ops.update(node.op for node in graph_def.node)
+                for f in graph_def.library.function:
+                    ops.update(node.op for node in f.node_def)
+        lines = [f"{op} {n}" for op, n in sorted(ops.items())]
+        return {
+            "kind": "TF graph",
+            "ops": sum(ops.values()),
+            "digest": _digest(lines),
+        }
+    return None
+
+
+def _tf_functions(fn, seen):
+    """The ``tf.function``\ s reachable from ``fn`` through closures
+    (Keras's TF trainer wraps them in plain Python functions)."""
+    if id(fn) in seen:
+        return []
+    seen.add(id(fn))
+    if hasattr(fn, "_list_all_concrete_functions"):
+        return [fn]
+    found = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value):
+            found += _tf_functions(value, seen)
+    return found
 
 
 def shuffle(opts):
@@ -129,7 +254,8 @@ def fit_step(opts):
     ``opts["metrics"]``, the model also tracks binary accuracy and AUC (200
     thresholds) on 0/1 targets: their state is what the fork's
     per-batch-logs sums over replicas every step. The epoch time includes
-    the work done at its end (e.g. the fork's sync of on-read weights)."""
+    the work done at its end (e.g. the fork's sync of on-read weights).
+    With ``opts["work"]``, counts calls per step instead (module doc)."""
     import keras
 
     from integration_tests import topologies
@@ -141,13 +267,18 @@ def fit_step(opts):
         y = (y > 0).astype("float32")
         metrics = ["binary_accuracy", keras.metrics.AUC(name="auc")]
     times = []
+    counter = CallCounter()
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
+            if opts.get("work") and epoch:
+                counter.start()
             self.start = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.start)
+            if opts.get("work") and epoch:
+                counter.stop()
 
     with topology.scope():
         model = build(keras)
@@ -162,6 +293,12 @@ def fit_step(opts):
             callbacks=[Timer()],
         )
     steps = -(-opts["samples"] // opts["batch_size"])
+    if opts.get("work"):
+        return _result(
+            [],
+            calls_per_step=[c / steps for c in counter.counts],
+            graph=compiled_step(model, opts["hlo_dump_dir"]),
+        )
     return [t / steps for t in times[1:]]
 
 
@@ -173,7 +310,8 @@ def ddp_step(opts):
     ``opts["processes"]`` gloo processes on 127.0.0.1, each feeding its part
     of every global batch of ``opts["batch_size"]``. Per epoch, the slower
     process's time (the all-reduce in ``backward`` keeps them in step);
-    the peak memory is the larger of the processes'."""
+    the peak memory is the larger of the processes'. With ``opts["work"]``,
+    the calls per step of the process that makes more."""
     from integration_tests import multiprocess
 
     runs = multiprocess.run_workers(
@@ -182,10 +320,16 @@ def ddp_step(opts):
         timeout=600,
         env={"BENCH_OPTS": json.dumps(opts)},
     )
-    return {
+    result = {
         "seconds": [max(times) for times in zip(*(r["seconds"] for r in runs))],
         "peak_mib": max(r["peak_mib"] for r in runs),
     }
+    if opts.get("work"):
+        result["calls_per_step"] = [
+            max(calls) for calls in zip(*(r["calls_per_step"] for r in runs))
+        ]
+        result["graph"] = None
+    return result
 
 
 def _ddp_worker(rank, world_size):
@@ -202,6 +346,16 @@ def _ddp_worker(rank, world_size):
         (x, y), opts["batch_size"], (rank, world_size)
     )
     ends = []
+    counter = CallCounter()
+
+    def on_epoch_end(epoch):
+        ends.append(time.perf_counter())
+        if opts.get("work"):
+            if epoch:
+                counter.stop()
+            if epoch < opts["epochs"]:
+                counter.start()
+
     with multiprocess.torch_process_group(rank, world_size):
         model = build(keras)
         start = time.perf_counter()
@@ -213,15 +367,19 @@ def _ddp_worker(rank, world_size):
             batch_size,
             opts["epochs"] + 1,
             ddp=True,
-            on_epoch_end=lambda _: ends.append(time.perf_counter()),
+            on_epoch_end=on_epoch_end,
         )
     steps = -(-len(x) // batch_size)
     times = [b - a for a, b in zip([start] + ends, ends)]
-    return _result([t / steps for t in times[1:]])
+    return _result(
+        [t / steps for t in times[1:]],
+        calls_per_step=[c / steps for c in counter.counts],
+    )
 
 
 def stateless_call(opts):
-    """Eager ``stateless_call`` (no gradient tracing, no ``training``)."""
+    """Eager ``stateless_call`` (no gradient tracing, no ``training``):
+    seconds per call, or with ``opts["work"]`` Python calls per call."""
     import keras
     import numpy as np
 
@@ -231,11 +389,22 @@ def stateless_call(opts):
     ntv = [v.value for v in model.non_trainable_variables]
     model.stateless_call(tv, ntv, x)
     out = []
+    counter = CallCounter()
     for _ in range(opts["repeats"]):
+        if opts.get("work"):
+            counter.start()
         start = time.perf_counter()
         for _ in range(opts["calls"]):
             model.stateless_call(tv, ntv, x)
         out.append((time.perf_counter() - start) / opts["calls"])
+        if opts.get("work"):
+            counter.stop()
+    if opts.get("work"):
+        return _result(
+            [],
+            calls_per_step=[c / opts["calls"] for c in counter.counts],
+            graph=None,
+        )
     return out
 
 
@@ -250,7 +419,17 @@ WORKLOADS = {
 if __name__ == "__main__":
     name, opts = sys.argv[1], json.loads(sys.argv[2])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    result = WORKLOADS[name](opts)
+    with tempfile.TemporaryDirectory(prefix="bench-hlo-") as dump_dir:
+        if opts.get("work"):
+            # Before jax starts (it reads XLA_FLAGS once): dump the modules
+            # of the training step as compiled, for compiled_step.
+            os.environ["XLA_FLAGS"] = (
+                f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump_dir}"
+                " --xla_dump_hlo_as_text"
+                " --xla_dump_hlo_module_re=.*train_step.*"
+            ).strip()
+            opts["hlo_dump_dir"] = dump_dir
+        result = WORKLOADS[name](opts)
     if not isinstance(result, dict):
         result = _result(result)
     print(json.dumps(result))
