@@ -1,6 +1,11 @@
-"""The benchmark's results document: merging a run of some cases."""
+"""The benchmark's results documents, and its work counts on the fork."""
+
+import pytest
+from packaging.version import Version
 
 from keras_fork import bench
+from keras_fork import pins
+from keras_fork import prove
 
 
 def _row(case, backend, topology, ratio, date="2026-11-22"):
@@ -128,3 +133,25 @@ def test_the_work_table_says_whether_the_compiled_steps_match():
     assert "| 400.0 | 402.0 | +2.0 | same XLA HLO (245 ops) |" in table
     assert "| differs: XLA HLO 245/251 ops |" in table
     assert "| 100.0 | 99.5 | -0.5 | - (eager) |" in table
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    "backend, kind", [("jax", "XLA HLO"), ("tensorflow", "TF graph")]
+)
+def test_work_mode_finds_the_compiled_step(backend, kind):
+    # On the built fork: the XLA dump names and the TF trainer's closures
+    # that compiled_step reads are upstream's, and may move.
+    layout = pins.Layout.default()
+    bases = pins.load_bases(layout)
+    base = bases[max(bases, key=Version)]
+    fork = prove.install_variants(layout, base)["fork"]
+    result = bench._run_worker(
+        fork, prove.install_overlay(layout, base), "fit_step", backend, "1",
+        {"samples": 256, "batch_size": 64, "epochs": 2, "work": True},
+        "cpu",
+    )  # fmt: skip
+    assert len(result["calls_per_step"]) == 2
+    assert min(result["calls_per_step"]) > 0
+    assert result["graph"]["kind"] == kind
+    assert result["graph"]["ops"] > 0
