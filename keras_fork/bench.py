@@ -244,7 +244,7 @@ def _graph_text(row) -> str:
 def render_work_table(doc) -> str:
     """The README table of a ``run_work`` document."""
     lines = [
-        f"_keras {doc['base']}, {doc['machine']}, {doc['date']}; Python "
+        f"_keras {doc['base']}, {doc['machine']}, {_date_range(doc)}; Python "
         "calls per step (per call for stateless_call): the fewest of "
         f"{WORK_EPOCHS} epochs, fork - stock; compiled step: stock vs "
         "fork._",
@@ -296,9 +296,15 @@ def merge(previous, doc):
     return dict(doc, cases=rows)
 
 
-def render_table(doc) -> str:
+def _date_range(doc) -> str:
+    """The day the rows of ``doc`` were measured, or the first..last day
+    (rows kept from an earlier run by ``merge``)."""
     dates = sorted({r.get("date", doc["date"]) for r in doc["cases"]})
-    date = dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
+    return dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
+
+
+def render_table(doc) -> str:
+    date = _date_range(doc)
     what = "ratio = fork/stock of medians"
     if doc.get("aa"):
         what = "A/A run: the fork column is stock again; ratio = stock/stock"
@@ -362,23 +368,15 @@ def main(argv=None) -> int:
     ]
     try:
         bases = pins.select_bases(layout, [args.base] if args.base else None)
-        if args.work:
-            docs = [
-                run_work(layout, b, accelerator, cases, console) for b in bases
-            ]
-        else:
-            docs = [
-                run(
-                    layout,
-                    b,
-                    args.rounds,
-                    accelerator,
-                    cases,
-                    console,
-                    args.aa,
-                )  # fmt: skip
-                for b in bases
-            ]
+        docs = []
+        for b in bases:
+            if args.work:
+                doc = run_work(layout, b, accelerator, cases, console)
+            else:
+                doc = run(
+                    layout, b, args.rounds, accelerator, cases, console, args.aa
+                )
+            docs.append(doc)
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
