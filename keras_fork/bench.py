@@ -153,13 +153,18 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
             f"({spread})"
         )
         rows.append(row)
+    return _run_doc(base, accelerator, rows, rounds=rounds, aa=aa)
+
+
+def _run_doc(base, accelerator, rows, **kind):
+    """A run's document: base, date, machine, ``kind`` (rounds, A/A or
+    work) and its rows (``cases``)."""
     return {
         "base": base.version,
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"{accelerator.upper()}",
-        "rounds": rounds,
-        "aa": aa,
+        **kind,
         "cases": rows,
     }
 
@@ -219,15 +224,7 @@ def run_work(layout, base, accelerator, cases, console):
             f"compiled step {_graph_text(row)}"
         )
         rows.append(row)
-    return {
-        "base": base.version,
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"{accelerator.upper()}",
-        "rounds": 1,
-        "work": True,
-        "cases": rows,
-    }
+    return _run_doc(base, accelerator, rows, rounds=1, work=True)
 
 
 def _graph_text(row) -> str:
