@@ -41,19 +41,23 @@ class CallCounter:
     """Counts the Python function calls made between ``start`` and
     ``stop`` (``cProfile``: Python functions and the C functions they call,
     https://docs.python.org/3/library/profile.html), one count per
-    start/stop, in ``counts``. Only the calling thread is counted."""
+    start/stop, in ``counts``. Only the calling thread is counted. A
+    counter made with ``enabled=False`` (a timed run) counts nothing."""
 
-    def __init__(self):
+    def __init__(self, enabled=True):
+        self.enabled = enabled
         self.counts = []
         self._profile = None
 
     def start(self):
-        self._profile = cProfile.Profile()
-        self._profile.enable()
+        if self.enabled:
+            self._profile = cProfile.Profile()
+            self._profile.enable()
 
     def stop(self):
-        self._profile.disable()
-        self.counts.append(pstats.Stats(self._profile).total_calls)
+        if self.enabled:
+            self._profile.disable()
+            self.counts.append(pstats.Stats(self._profile).total_calls)
 
 
 _HLO_INSTRUCTION = re.compile(r"^\s+(ROOT )?%?[\w.-]+ = ")
@@ -267,17 +271,17 @@ def fit_step(opts):
         y = (y > 0).astype("float32")
         metrics = ["binary_accuracy", keras.metrics.AUC(name="auc")]
     times = []
-    counter = CallCounter()
+    counter = CallCounter(enabled=opts.get("work", False))
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            if opts.get("work") and epoch:
+            if epoch:
                 counter.start()
             self.start = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.start)
-            if opts.get("work") and epoch:
+            if epoch:
                 counter.stop()
 
     with topology.scope():
@@ -346,15 +350,14 @@ def _ddp_worker(rank, world_size):
         (x, y), opts["batch_size"], (rank, world_size)
     )
     ends = []
-    counter = CallCounter()
+    counter = CallCounter(enabled=opts.get("work", False))
 
     def on_epoch_end(epoch):
         ends.append(time.perf_counter())
-        if opts.get("work"):
-            if epoch:
-                counter.stop()
-            if epoch < opts["epochs"]:
-                counter.start()
+        if epoch:
+            counter.stop()
+        if epoch < opts["epochs"]:
+            counter.start()
 
     with multiprocess.torch_process_group(rank, world_size):
         model = build(keras)
@@ -389,16 +392,14 @@ def stateless_call(opts):
     ntv = [v.value for v in model.non_trainable_variables]
     model.stateless_call(tv, ntv, x)
     out = []
-    counter = CallCounter()
+    counter = CallCounter(enabled=opts.get("work", False))
     for _ in range(opts["repeats"]):
-        if opts.get("work"):
-            counter.start()
+        counter.start()
         start = time.perf_counter()
         for _ in range(opts["calls"]):
             model.stateless_call(tv, ntv, x)
         out.append((time.perf_counter() - start) / opts["calls"])
-        if opts.get("work"):
-            counter.stop()
+        counter.stop()
     if opts.get("work"):
         return _result(
             [],
