@@ -355,6 +355,12 @@ def main(argv=None) -> int:
         p.error("--aa measures no fork: it does not go into the README")
     if args.aa and args.work:
         p.error("--work counts, stock and fork once each: no A/A run")
+    if args.work:
+        name, render = "bench-work.json", render_work_table
+        markers = (WORK_BEGIN, WORK_END)
+    else:
+        name = "bench-aa.json" if args.aa else "bench.json"
+        render, markers = render_table, (README_BEGIN, README_END)
     layout = pins.Layout.default()
     console = Console(stderr=True, highlight=False)
     accelerator = args.accelerator
@@ -377,11 +383,6 @@ def main(argv=None) -> int:
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    name = "bench.json"
-    if args.aa:
-        name = "bench-aa.json"
-    elif args.work:
-        name = "bench-work.json"
     out = layout.dist / name
     if args.case:
         previous = {}
@@ -393,16 +394,10 @@ def main(argv=None) -> int:
         docs = [merge(previous.get(d["base"]), d) for d in docs]
     text = json.dumps({"runs": docs}, indent=2) + "\n"
     prove.write_atomic(out, text)
-    render = render_work_table if args.work else render_table
     table = "\n".join(render(d) for d in docs)
     print(table)
     if args.readme:
-        begin, end = (WORK_BEGIN, WORK_END) if args.work else (
-            README_BEGIN, README_END
-        )  # fmt: skip
-        prove.replace_between(
-            layout.dist.parent / "README.md", begin, end, table
-        )
+        prove.replace_between(layout.dist.parent / "README.md", *markers, table)
     return 0
 
 
