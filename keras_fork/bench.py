@@ -1,12 +1,18 @@
 """Benchmarks: fork vs stock, measured in the same run (never a timed test).
 
-Each case runs ``keras_fork.bench_worker`` in a fresh process per variant,
-alternating stock and fork (ABBA order across rounds, so drift of the machine
-hits both), and reports medians and the fork/stock ratio with its spread
-(min and max of the per-round ratios). Results: ``dist/bench.json`` and a
-table (``--readme`` puts it in README.md). A run of some cases (``--case``)
-replaces those rows of the last run on the same machine with as many rounds
-(``merge``) and keeps the others.
+Each round of a case starts two ``keras_fork.bench_worker`` processes, stock
+and fork, and, once both are warm, has them take turns (lockstep, see
+``LiveWorker``): one repetition (an epoch, a batch of calls) of one, then of
+the other, in ABBA order, so that the two are never measured at the same
+time and the machine's drift hits both alike. Each pair of turns gives a
+fork/stock ratio; a case reports the medians, the median of its paired
+ratios with a bootstrap confidence interval, and the spread of the rounds
+(fresh processes: their memory layout differs). Single-device cases on CPU
+run pinned to one core, where a 2-core machine's scheduling noise is
+smallest. Results: ``dist/bench.json`` and a table (``--readme`` puts it in
+README.md). A run of some cases (``--case``) replaces those rows of the last
+run on the same machine with as many rounds (``merge``) and keeps the
+others.
 
 ``--work`` counts instead of timing (``run_work``): the Python calls per
 step and the compiled training step of each step case, stock and fork, into
@@ -19,66 +25,76 @@ import datetime
 import json
 import os
 import platform
+import select
+import signal
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 
 from integration_tests import topologies
 from keras_fork import pins
 from keras_fork import prove
 from keras_fork.errors import ForkError
 
+# How a run's timings were taken (``dist/bench.json``'s ``method``): rows of
+# runs taken otherwise do not merge with a new run's.
+METHOD = "lockstep"
 README_BEGIN = "<!-- bench-table:begin -->"
 README_END = "<!-- bench-table:end -->"
 
-# (case, workload, backend, topology, options)
+# (case, workload, backend, topology, options). ``epochs`` (``repeats``) is
+# the turns each variant takes per round: more where a turn is short, so
+# that a round measures each variant for a few seconds at least.
 CASES = [
     ("shuffle epoch, 10M samples", "shuffle", "jax", "1",
-     {"samples": 10_000_000, "batch_size": 1024, "epochs": 3,
+     {"samples": 10_000_000, "batch_size": 1024, "epochs": 5,
       "path": "numpy"}),
     ("shuffle epoch, 10M samples", "shuffle", "tensorflow", "1",
-     {"samples": 10_000_000, "batch_size": 1024, "epochs": 3,
+     {"samples": 10_000_000, "batch_size": 1024, "epochs": 5,
       "path": "tf"}),
     ("shuffle epoch, 10M samples", "shuffle", "torch", "1",
-     {"samples": 10_000_000, "batch_size": 1024, "epochs": 3,
+     {"samples": 10_000_000, "batch_size": 1024, "epochs": 5,
       "path": "torch"}),
     ("stateless_call, small MLP", "stateless_call", "jax", "1",
-     {"calls": 200, "repeats": 3}),
+     {"calls": 200, "repeats": 20}),
     ("stateless_call, small MLP", "stateless_call", "tensorflow", "1",
-     {"calls": 200, "repeats": 3}),
+     {"calls": 200, "repeats": 20}),
     ("stateless_call, small MLP", "stateless_call", "torch", "1",
-     {"calls": 200, "repeats": 3}),
+     {"calls": 200, "repeats": 20}),
     ("fit step, small MLP", "fit_step", "jax", "1",
-     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+     {"samples": 4096, "batch_size": 64, "epochs": 100}),
     ("fit step, small MLP", "fit_step", "jax", "8",
-     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+     {"samples": 4096, "batch_size": 64, "epochs": 20}),
     ("fit step, small MLP", "fit_step", "tensorflow", "1",
-     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+     {"samples": 4096, "batch_size": 64, "epochs": 60}),
     ("fit step, small MLP", "fit_step", "tensorflow", "mirrored-2",
-     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+     {"samples": 4096, "batch_size": 64, "epochs": 12}),
     ("fit step, small MLP", "fit_step", "torch", "1",
-     {"samples": 4096, "batch_size": 64, "epochs": 2}),
+     {"samples": 4096, "batch_size": 64, "epochs": 60}),
     ("DDP loop step, small MLP", "ddp_step", "torch", "ddp-2",
-     {"samples": 4096, "batch_size": 64, "epochs": 2, "processes": 2}),
+     {"samples": 4096, "batch_size": 64, "epochs": 12, "processes": 2}),
     ("fit step, CNN + BatchNorm", "fit_step", "jax", "1",
-     {"samples": 8192, "batch_size": 64, "epochs": 2, "model": "cnn"}),
+     {"samples": 8192, "batch_size": 64, "epochs": 10, "model": "cnn"}),
     ("fit step, CNN + BatchNorm", "fit_step", "torch", "1",
-     {"samples": 8192, "batch_size": 64, "epochs": 2, "model": "cnn"}),
+     {"samples": 8192, "batch_size": 64, "epochs": 10, "model": "cnn"}),
     ("DDP loop step, CNN + BatchNorm", "ddp_step", "torch", "ddp-2",
-     {"samples": 4096, "batch_size": 64, "epochs": 2, "processes": 2,
+     {"samples": 4096, "batch_size": 64, "epochs": 8, "processes": 2,
       "model": "cnn"}),
     ("fit step, CNN + BatchNorm", "fit_step", "tensorflow", "1",
-     {"samples": 8192, "batch_size": 64, "epochs": 2, "model": "cnn"}),
+     {"samples": 8192, "batch_size": 64, "epochs": 10, "model": "cnn"}),
     ("fit step, CNN + BatchNorm", "fit_step", "tensorflow", "mirrored-2",
-     {"samples": 8192, "batch_size": 64, "epochs": 2, "model": "cnn"}),
+     {"samples": 8192, "batch_size": 64, "epochs": 8, "model": "cnn"}),
     ("fit step, MLP + accuracy/AUC", "fit_step", "tensorflow", "1",
-     {"samples": 4096, "batch_size": 64, "epochs": 2, "metrics": True}),
+     {"samples": 4096, "batch_size": 64, "epochs": 30, "metrics": True}),
     ("fit step, MLP + accuracy/AUC", "fit_step", "tensorflow", "mirrored-2",
-     {"samples": 4096, "batch_size": 64, "epochs": 2, "metrics": True}),
+     {"samples": 4096, "batch_size": 64, "epochs": 12, "metrics": True}),
     # 8 virtual devices on 2 cores: a longer conv run can starve one
     # device thread past XLA's 40 s collective rendezvous timeout.
     ("fit step, CNN + BatchNorm", "fit_step", "jax", "8",
-     {"samples": 2048, "batch_size": 64, "epochs": 2, "model": "cnn"}),
+     {"samples": 2048, "batch_size": 64, "epochs": 12, "model": "cnn"}),
 ]  # fmt: skip
 
 
@@ -103,9 +119,213 @@ def _run_worker(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _measure(*args):
-    result = _run_worker(*args)
-    return statistics.median(result["seconds"]), result["peak_mib"]
+class LiveWorker:
+    """A benchmark worker that measures when told to (lockstep).
+
+    The benchmark's side of ``bench_worker.Gate``: this listens on a free
+    port of 127.0.0.1, starts the worker in its own session with
+    ``BENCH_GATE`` pointing there, and ``turn`` runs one repetition. Every
+    wait is bounded (``timeout`` seconds) and fails early when the worker
+    exits; ``close`` ends the round and collects the worker's result;
+    ``kill`` ends its whole process group (a worker may start others).
+
+    Raises:
+        ForkError: the worker exited, broke the protocol or did not answer
+            in time; the message names the worker and has its log's tail.
+    """
+
+    def __init__(self, name, cmd, env, cpu=None, timeout=900):
+        self.name = name
+        self.timeout = timeout
+        self._server = socket.create_server(("127.0.0.1", 0))
+        port = self._server.getsockname()[1]
+        env = dict(env, BENCH_GATE=f"127.0.0.1:{port}")
+        if cpu is not None:
+            env["BENCH_CPU"] = str(cpu)
+        self._out = tempfile.TemporaryFile("w+")
+        self._err = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=self._out, stderr=self._err,
+            cwd=pins.REPO_ROOT, start_new_session=True,
+        )  # fmt: skip
+        self._conn = None
+        self._buffer = b""
+
+    def _failure(self, what):
+        self._err.seek(0)
+        tail = self._err.read()[-2000:]
+        return ForkError(f"benchmark worker {self.name} {what}:\n{tail}")
+
+    def _wait_readable(self, sock):
+        deadline = time.monotonic() + self.timeout
+        while not select.select([sock], [], [], 1.0)[0]:
+            code = self.proc.poll()
+            if code is not None:
+                raise self._failure(f"exited with status {code}")
+            if time.monotonic() > deadline:
+                raise self._failure(f"did not answer in {self.timeout} s")
+
+    def _receive(self):
+        while b"\n" not in self._buffer:
+            self._wait_readable(self._conn)
+            data = self._conn.recv(4096)
+            if not data:  # the worker is exiting, or broke the protocol
+                try:
+                    code = self.proc.wait(timeout=min(self.timeout, 60))
+                except subprocess.TimeoutExpired:
+                    raise self._failure("closed the gate") from None
+                raise self._failure(f"exited with status {code}")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise self._failure(f"sent {line[:200]!r}") from None
+
+    def ready(self):
+        """Waits until the worker, warmed up, waits for its first turn."""
+        self._wait_readable(self._server)
+        self._conn, _ = self._server.accept()
+        if self._receive() != {"ready": True}:
+            raise self._failure("did not say it was ready")
+
+    def turn(self):
+        """Runs one repetition; returns its duration (seconds)."""
+        self._conn.sendall(b"go\n")
+        message = self._receive()
+        if not isinstance(message.get("seconds"), float):
+            raise self._failure(f"sent {message!r}, not a duration")
+        return message["seconds"]
+
+    def close(self):
+        """Ends the round: the worker exits; returns its result document
+        (``peak_mib``)."""
+        self._conn.close()
+        try:
+            code = self.proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise self._failure(f"did not exit in {self.timeout} s") from None
+        if code != 0:
+            raise self._failure(f"exited with status {code}")
+        self._out.seek(0)
+        return json.loads(self._out.read().strip().splitlines()[-1])
+
+    def kill(self):
+        """Kills the worker's process group and frees the port."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        for closeable in (self._conn, self._server, self._out, self._err):
+            if closeable is not None:
+                closeable.close()
+
+
+def _with_settling_turn(opts):
+    """``opts`` with one more turn, which ``measure_round`` discards: the
+    first turn after both warm-ups still overlaps their tail (a worker's
+    background threads, its collector)."""
+    key = "epochs" if "epochs" in opts else "repeats"
+    return dict(opts, **{key: opts[key] + 1})
+
+
+def measure_round(round_index, workers, turns):
+    """One round: both workers warm up, then take turns.
+
+    The turns alternate strictly (ABAB: a back-to-back turn would find
+    the worker's own background work from its last turn, e.g. tf.data's
+    prefetch for the next epoch, still running, and a turn after the other
+    variant's does not); odd rounds start with the fork. The first turn of
+    each variant settles (discarded).
+
+    Args:
+        round_index: the round's number.
+        workers: ``{"stock": LiveWorker, "fork": LiveWorker}``, started,
+            each to take ``turns`` turns.
+        turns: the turns each worker takes, the settling one included; at
+            least 3.
+
+    Returns:
+        ``(times, ratios, peaks)``: ``{variant: [seconds, ...]}``, the
+        durations of the measured turns; the fork/stock ratio of each
+        measured fork turn to the mean of the stock turns just before and
+        just after it (so that the order within a pair weighs on neither);
+        ``{variant: peak MiB}``.
+
+    Raises:
+        ValueError: fewer than 3 turns (no fork turn between two measured
+            stock turns).
+    """
+    if turns < 3:
+        raise ValueError(f"a round needs at least 3 turns, not {turns}")
+    for w in workers.values():
+        w.ready()
+    order = ("stock", "fork") if round_index % 2 == 0 else ("fork", "stock")
+    sequence = []
+    for _ in range(turns):
+        for variant in order:
+            sequence.append((variant, workers[variant].turn()))
+    sequence = sequence[2:]  # the settling turns
+    times = {v: [t for w, t in sequence if w == v] for v in order}
+    ratios = [
+        t / ((sequence[i - 1][1] + sequence[i + 1][1]) / 2)
+        for i, (variant, t) in enumerate(sequence)
+        if variant == "fork" and 0 < i < len(sequence) - 1
+    ]
+    peaks = {v: w.close()["peak_mib"] for v, w in workers.items()}
+    return times, ratios, peaks
+
+
+def pinned_cpu(topology, accelerator):
+    """The CPU that both workers of a single-device CPU case run on (the
+    last this process may use), or ``None``: multi-device topologies use
+    every core, GPU cases are not pinned."""
+    if topology != "1" or accelerator != "cpu":
+        return None
+    return max(os.sched_getaffinity(0))
+
+
+def _repetitions(opts) -> int:
+    return opts["epochs"] if "epochs" in opts else opts["repeats"]
+
+
+def median_ci(round_ratios, confidence=0.95, resamples=2000):
+    """A cluster-bootstrap confidence interval of the median ratio.
+
+    The ratios of one round share a pair of processes, whose memory layout
+    and thread placement stay for the whole round, so they are not
+    independent of each other: each resample draws rounds with
+    replacement, then ratios with replacement within each drawn round,
+    and takes the median of the pooled draw (the two-stage bootstrap of
+    Davison and Hinkley, Bootstrap Methods and their Application, 1997,
+    section 3.8). The interval is the resamples' percentiles; a fixed seed
+    makes it reproducible.
+
+    Args:
+        round_ratios: one list of fork/stock ratios per round, none empty.
+        confidence: the interval's coverage, in (0, 1).
+        resamples: number of bootstrap resamples.
+
+    Returns:
+        ``(low, high)``.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rounds = [np.asarray(r, dtype=float) for r in round_ratios]
+    medians = np.empty(resamples)
+    for b in range(resamples):
+        drawn = rng.integers(len(rounds), size=len(rounds))
+        medians[b] = np.median(
+            np.concatenate(
+                [rng.choice(rounds[i], size=len(rounds[i])) for i in drawn]
+            )
+        )
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def run(layout, base, rounds, accelerator, cases, console, aa=False):
@@ -114,6 +334,20 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
     With ``aa`` (an A/A run), the "fork" column measures stock again: the
     spread of its ratios is the noise floor of each case on this machine,
     against which a fork/stock ratio can be read.
+
+    Each row: ``stock_median_s``/``fork_median_s`` (seconds per step, per
+    call, or per epoch for the shuffle cases: the median of every turn),
+    ``ratio`` (the median of the fork turns' ratios to their neighbouring
+    stock turns, ``measure_round``),
+    ``ratio_ci_low``/``ratio_ci_high`` (its 95% interval, ``median_ci``),
+    ``ratio_min``/``ratio_max`` (the smallest and largest of the rounds'
+    own medians), ``pairs``, the peaks (MiB, the largest of any round),
+    ``pinned_cpu`` and ``round_ratios`` (every ratio, by round: the data
+    the statistics come from).
+
+    Raises:
+        ForkError: a worker failed (``LiveWorker``); every worker of the
+            round is killed first.
     """
     dirs = dict(prove.install_variants(layout, base))
     if aa:
@@ -121,39 +355,61 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
     overlay = prove.install_overlay(layout, base)
     rows = []
     for case, workload, backend, topology, opts in cases:
+        cpu = pinned_cpu(topology, accelerator)
+        topo_env = topologies.env_for(backend, topology, accelerator)
+        opts = _with_settling_turn(opts)
+        cmd = [sys.executable, "-m", "keras_fork.bench_worker", workload,
+               json.dumps(opts)]  # fmt: skip
         times = {"stock": [], "fork": []}
         peaks = {"stock": [], "fork": []}
+        round_ratios = []
         for r in range(rounds):
-            order = ("stock", "fork") if r % 2 == 0 else ("fork", "stock")
-            for variant in order:
-                t, peak = _measure(
-                    dirs[variant], overlay, workload, backend, topology,
-                    opts, accelerator,
-                )  # fmt: skip
-                times[variant].append(t)
-                peaks[variant].append(peak)
-        ratios = [f / s for f, s in zip(times["fork"], times["stock"])]
+            workers = {}
+            try:
+                for v in ("stock", "fork"):
+                    env = prove.child_env(dirs[v], overlay, topo_env)
+                    name = f"{v} ({workload}, {backend}/{topology})"
+                    workers[v] = LiveWorker(name, cmd, env, cpu)
+                turns, ratios, peak = measure_round(
+                    r, workers, _repetitions(opts)
+                )
+            finally:
+                for w in workers.values():
+                    w.kill()
+            round_ratios.append(ratios)
+            for v in times:
+                times[v] += turns[v]
+                peaks[v].append(peak[v])
+        ratios = [q for rr in round_ratios for q in rr]
+        per_round = [statistics.median(rr) for rr in round_ratios]
+        low, high = median_ci(round_ratios)
         row = {
             "case": case,
             "backend": backend,
             "topology": topology,
             "stock_median_s": statistics.median(times["stock"]),
             "fork_median_s": statistics.median(times["fork"]),
-            "ratio": statistics.median(times["fork"])
-            / statistics.median(times["stock"]),
-            "ratio_min": min(ratios),
-            "ratio_max": max(ratios),
+            "ratio": statistics.median(ratios),
+            "ratio_ci_low": low,
+            "ratio_ci_high": high,
+            "ratio_min": min(per_round),
+            "ratio_max": max(per_round),
+            "pairs": len(ratios),
             "stock_peak_mib": max(peaks["stock"]),
             "fork_peak_mib": max(peaks["fork"]),
+            "pinned_cpu": cpu,
+            "round_ratios": round_ratios,
             "date": datetime.date.today().isoformat(),
         }
-        spread = f"{row['ratio_min']:.3f}..{row['ratio_max']:.3f}"
         console.print(
             f"{case} ({backend}/{topology}): fork/stock {row['ratio']:.3f} "
-            f"({spread})"
+            f"[{low:.3f}, {high:.3f}], rounds "
+            f"{row['ratio_min']:.3f}..{row['ratio_max']:.3f}"
         )
         rows.append(row)
-    return _run_doc(base, accelerator, rows, rounds=rounds, aa=aa)
+    return _run_doc(
+        base, accelerator, rows, rounds=rounds, method=METHOD, aa=aa
+    )
 
 
 def _run_doc(base, accelerator, rows, **kind):
@@ -275,13 +531,15 @@ def merge(previous, doc):
         ``doc`` with the rows of ``previous`` that it does not measure again
         (same case, backend and topology), all in ``CASES`` order; cases
         no longer listed come last. ``doc`` alone when ``previous`` was
-        measured on another machine, with another number of rounds or as
-        another kind of run (A/A or not), whose rows would not compare.
+        measured on another machine, with another number of rounds, by
+        another method or as another kind of run (A/A or not), whose rows
+        would not compare.
     """
     if (
         not previous
         or previous.get("machine") != doc["machine"]
         or previous.get("rounds") != doc["rounds"]
+        or previous.get("method") != doc.get("method")
         or previous.get("aa", False) != doc.get("aa", False)
     ):
         return doc
@@ -301,25 +559,29 @@ def _date_range(doc) -> str:
 
 
 def render_table(doc) -> str:
+    """The README table of a ``run`` document."""
     date = _date_range(doc)
-    what = "ratio = fork/stock of medians"
+    what = "fork/stock"
     if doc.get("aa"):
-        what = "A/A run: the fork column is stock again; ratio = stock/stock"
+        what = "A/A run: the fork column is stock again, stock/stock"
     lines = [
-        f"_keras {doc['base']}, {doc['machine']}, {date}, "
-        f"{doc['rounds']} alternating rounds; {what} "
-        "(min..max of per-round ratios)._",
+        f"_keras {doc['base']}, {doc['machine']}, {date}, {doc['rounds']} "
+        "rounds of stock and fork taking turns; ratio: the median of the "
+        f"paired {what} ratios [95% interval, rounds and pairs "
+        "resampled] (the rounds' medians, min..max); single-device cases "
+        "pinned to one core._",
         "",
-        "| case | backend | topology | stock | fork | ratio | peak MiB "
-        "stock/fork |",
-        "|---|---|---|---|---|---|---|",
+        "| case | backend | topology | stock | fork | ratio | pairs | "
+        "peak MiB stock/fork |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["cases"]:
         lines.append(
             f"| {r['case']} | {r['backend']} | {r['topology']} | "
             f"{r['stock_median_s'] * 1e3:.3f} ms | "
             f"{r['fork_median_s'] * 1e3:.3f} ms | {r['ratio']:.3f} "
-            f"({r['ratio_min']:.2f}..{r['ratio_max']:.2f}) | "
+            f"[{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}] "
+            f"({r['ratio_min']:.2f}..{r['ratio_max']:.2f}) | {r['pairs']} | "
             f"{r['stock_peak_mib']:.0f}/{r['fork_peak_mib']:.0f} |"
         )
     return "\n".join(lines) + "\n"
@@ -332,7 +594,13 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="scripts/bench")
     p.add_argument("--base", default=None, help="base version (default: all)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="fresh stock and fork processes per case, each taking turns "
+        "for the case's repetitions",
+    )
     p.add_argument("--case", action="append", help="substring of case names")
     p.add_argument(
         "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"

@@ -6,6 +6,13 @@ one JSON line ``{"seconds": [...], "peak_mib": float}``: one duration per
 repetition, in seconds, and the process's peak resident memory in MiB (the
 worker processes' largest, for a workload that starts workers).
 
+Timed runs go in lockstep with the benchmark (``keras_fork.bench``):
+with ``BENCH_GATE=127.0.0.1:<port>`` in the environment, the worker
+connects there (``Gate``) and runs each measured repetition only when told
+to, so that the stock and fork workers of a round, both alive, take turns
+and never run at the same time. ``BENCH_CPU=<n>`` pins the worker (and its
+threads) to CPU ``n``.
+
 With ``"work": true`` in the options, the step workloads count instead of
 timing (``scripts/bench --work``): ``"calls_per_step"``, the Python function
 calls per step of each measured repetition (``cProfile``'s count: every
@@ -25,6 +32,7 @@ import os
 import pstats
 import re
 import resource
+import socket
 import sys
 import tempfile
 import time
@@ -35,6 +43,69 @@ def _result(seconds, **extra):
     process's peak resident memory in MiB, and ``extra``."""
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"seconds": seconds, "peak_mib": peak_kib / 1024, **extra}
+
+
+# Seconds a worker waits for its next turn: the other variant's longest
+# repetition (an epoch of a multi-device case) plus its start-up.
+GATE_TIMEOUT = 600
+
+
+class Gate:
+    """The worker's side of the lockstep with ``keras_fork.bench``.
+
+    A line protocol over a TCP connection to ``address`` (127.0.0.1 only),
+    ASCII, one message a line:
+
+    * worker: connects and sends ``{"ready": true}`` when it first waits
+      (its warm-up done: a process that never waits never connects);
+    * bench: ``go``, run one repetition; worker: ``{"seconds": t}``;
+    * bench closes the connection when the round is over; the worker then
+      exits (``close``), so that its teardown overlaps no measurement.
+
+    A gate made with ``address=None`` (a work count, a test) lets every
+    repetition run at once. Every wait is bounded by ``GATE_TIMEOUT``.
+    """
+
+    def __init__(self, address=None):
+        self._address = None
+        self._file = None
+        if address:
+            host, port = address.rsplit(":", 1)
+            if host != "127.0.0.1":
+                raise ValueError(f"the gate is on 127.0.0.1, not {host!r}")
+            self._address = (host, int(port))
+
+    @classmethod
+    def from_env(cls):
+        """The gate named by ``BENCH_GATE``, or a no-op one."""
+        return cls(os.environ.get("BENCH_GATE"))
+
+    def wait(self):
+        """Blocks until the benchmark says ``go``."""
+        if self._address is None:
+            return
+        if self._file is None:
+            sock = socket.create_connection(self._address, GATE_TIMEOUT)
+            self._file = sock.makefile("rw", encoding="ascii", newline="\n")
+            self._send({"ready": True})
+        line = self._file.readline()
+        if line != "go\n":
+            raise RuntimeError(f"benchmark gate: expected 'go', got {line!r}")
+
+    def report(self, seconds):
+        """Sends the duration (seconds) of the repetition just run."""
+        if self._file is not None:
+            self._send({"seconds": seconds})
+
+    def close(self):
+        """Waits for the benchmark to end the round (it closes)."""
+        if self._file is not None:
+            self._file.read()
+            self._file.close()
+
+    def _send(self, message):
+        self._file.write(json.dumps(message) + "\n")
+        self._file.flush()
 
 
 class CallCounter:
@@ -150,7 +221,7 @@ def _tf_functions(fn, seen):
     return found
 
 
-def shuffle(opts):
+def shuffle(opts, gate):
     """Per-epoch cost of shuffling ``samples`` array samples (no data: a
     ``(samples, 1)`` array of zeros) on the input path ``opts["path"]``,
     one duration per epoch after an untimed first one (tracing, imports):
@@ -200,9 +271,11 @@ def shuffle(opts):
     epoch()
     out = []
     for _ in range(opts["epochs"]):
+        gate.wait()
         start = time.perf_counter()
         epoch()
         out.append(time.perf_counter() - start)
+        gate.report(out[-1])
     return out
 
 
@@ -252,7 +325,7 @@ def _model_and_data(opts):
     return build, x, y
 
 
-def fit_step(opts):
+def fit_step(opts, gate):
     """Mean step time (seconds) of each epoch after the first (compilation)
     one; ``opts["model"]`` is ``"mlp"`` (default) or ``"cnn"``. With
     ``opts["metrics"]``, the model also tracks binary accuracy and AUC (200
@@ -266,6 +339,7 @@ def fit_step(opts):
 
     topology = topologies.current()
     build, x, y = _model_and_data(opts)
+    steps = -(-opts["samples"] // opts["batch_size"])
     metrics = []
     if opts.get("metrics"):
         y = (y > 0).astype("float32")
@@ -276,6 +350,7 @@ def fit_step(opts):
     class Timer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             if epoch:
+                gate.wait()
                 counter.start()
             self.start = time.perf_counter()
 
@@ -283,6 +358,7 @@ def fit_step(opts):
             times.append(time.perf_counter() - self.start)
             if epoch:
                 counter.stop()
+                gate.report(times[-1] / steps)
 
     with topology.scope():
         model = build(keras)
@@ -296,7 +372,6 @@ def fit_step(opts):
             verbose=0,
             callbacks=[Timer()],
         )
-    steps = -(-opts["samples"] // opts["batch_size"])
     if opts.get("work"):
         return _result(
             [],
@@ -306,7 +381,7 @@ def fit_step(opts):
     return [t / steps for t in times[1:]]
 
 
-def ddp_step(opts):
+def ddp_step(opts, gate):
     """Mean step time (seconds) of each epoch after the first of a Keras
     model trained in a torch ``DistributedDataParallel`` loop
     (``topologies.torch_train``, the Keras guide's way to train on several
@@ -315,7 +390,9 @@ def ddp_step(opts):
     of every global batch of ``opts["batch_size"]``. Per epoch, the slower
     process's time (the all-reduce in ``backward`` keeps them in step);
     the peak memory is the larger of the processes'. With ``opts["work"]``,
-    the calls per step of the process that makes more."""
+    the calls per step of the process that makes more. In lockstep, rank 0
+    holds the gate (``gate`` is not used here) and the processes meet at a
+    barrier around each epoch, whose time is then the slower's."""
     from integration_tests import multiprocess
 
     runs = multiprocess.run_workers(
@@ -340,6 +417,7 @@ def _ddp_worker(rank, world_size):
     """One process of ``ddp_step``; returns its step time per epoch and its
     peak memory (``_result``)."""
     import keras
+    import torch
 
     from integration_tests import multiprocess
     from integration_tests import topologies
@@ -349,19 +427,32 @@ def _ddp_worker(rank, world_size):
     (x, y), batch_size = topologies.process_batches(
         (x, y), opts["batch_size"], (rank, world_size)
     )
-    ends = []
+    times = []
+    clock = [0.0]  # when the current epoch started
     counter = CallCounter(enabled=opts.get("work", False))
+    lockstep = "BENCH_GATE" in os.environ
+    gate = Gate.from_env() if rank == 0 else Gate()
 
     def on_epoch_end(epoch):
-        ends.append(time.perf_counter())
+        if lockstep:
+            torch.distributed.barrier()
+        times.append(time.perf_counter() - clock[0])
         if epoch:
             counter.stop()
+            gate.report(times[-1] / steps)
         if epoch < opts["epochs"]:
+            gate.wait()
+            if lockstep:
+                torch.distributed.barrier()
             counter.start()
+            clock[0] = time.perf_counter()
 
-    with multiprocess.torch_process_group(rank, world_size):
+    steps = -(-len(x) // batch_size)
+    # Rank 1 waits at a barrier while rank 0 waits for its turn: as long as
+    # the gate may take.
+    with multiprocess.torch_process_group(rank, world_size, GATE_TIMEOUT):
         model = build(keras)
-        start = time.perf_counter()
+        clock[0] = time.perf_counter()
         topologies.torch_train(
             model,
             keras.optimizers.SGD(),
@@ -372,15 +463,16 @@ def _ddp_worker(rank, world_size):
             ddp=True,
             on_epoch_end=on_epoch_end,
         )
-    steps = -(-len(x) // batch_size)
-    times = [b - a for a, b in zip([start] + ends, ends)]
+        gate.close()
+        if lockstep:
+            torch.distributed.barrier()  # rank 1 exits after the round too
     return _result(
         [t / steps for t in times[1:]],
         calls_per_step=[c / steps for c in counter.counts],
     )
 
 
-def stateless_call(opts):
+def stateless_call(opts, gate):
     """Eager ``stateless_call`` (no gradient tracing, no ``training``):
     seconds per call, or with ``opts["work"]`` Python calls per call."""
     import keras
@@ -394,12 +486,14 @@ def stateless_call(opts):
     out = []
     counter = CallCounter(enabled=opts.get("work", False))
     for _ in range(opts["repeats"]):
+        gate.wait()
         counter.start()
         start = time.perf_counter()
         for _ in range(opts["calls"]):
             model.stateless_call(tv, ntv, x)
         out.append((time.perf_counter() - start) / opts["calls"])
         counter.stop()
+        gate.report(out[-1])
     if opts.get("work"):
         return _result(
             [],
@@ -419,6 +513,9 @@ WORKLOADS = {
 
 if __name__ == "__main__":
     name, opts = sys.argv[1], json.loads(sys.argv[2])
+    if os.environ.get("BENCH_CPU"):
+        # Before any framework starts its threads: they inherit the CPU.
+        os.sched_setaffinity(0, {int(os.environ["BENCH_CPU"])})
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory(prefix="bench-hlo-") as dump_dir:
         if opts.get("work"):
@@ -430,7 +527,9 @@ if __name__ == "__main__":
                 " --xla_dump_hlo_module_re=.*train_step.*"
             ).strip()
             opts["hlo_dump_dir"] = dump_dir
-        result = WORKLOADS[name](opts)
+        gate = Gate.from_env()
+        result = WORKLOADS[name](opts, gate)
+        gate.close()
     if not isinstance(result, dict):
         result = _result(result)
     print(json.dumps(result))

@@ -1,4 +1,10 @@
-"""The benchmark's results documents, and its work counts on the fork."""
+"""The benchmark: its lockstep of live workers, its results documents, and
+its work counts on the fork."""
+
+import os
+import statistics
+import sys
+import time
 
 import pytest
 from packaging.version import Version
@@ -16,8 +22,11 @@ def _row(case, backend, topology, ratio, date="2026-11-22"):
         "stock_median_s": 1.0,
         "fork_median_s": ratio,
         "ratio": ratio,
+        "ratio_ci_low": ratio,
+        "ratio_ci_high": ratio,
         "ratio_min": ratio,
         "ratio_max": ratio,
+        "pairs": 30,
         "stock_peak_mib": 1.0,
         "fork_peak_mib": 1.0,
         "date": date,
@@ -30,6 +39,7 @@ def _doc(rows, machine="x86_64, 2 cores, CPU", rounds=8):
         "date": rows[0]["date"],
         "machine": machine,
         "rounds": rounds,
+        "method": bench.METHOD,
         "cases": rows,
     }
 
@@ -67,6 +77,9 @@ def test_rows_of_another_machine_rounds_or_kind_are_dropped():
     assert bench.merge(None, doc) is doc
     doc = dict(_doc([_row(SHUFFLE, "jax", "1", 1.0)]), aa=True)
     assert bench.merge(previous, doc) is doc
+    # Rows timed a process per measurement (before the lockstep).
+    doc = _doc([_row(SHUFFLE, "jax", "1", 1.0)])
+    assert bench.merge(dict(previous, method=None), doc) is doc
 
 
 def test_an_aa_table_says_it_measures_stock_twice():
@@ -155,3 +168,169 @@ def test_work_mode_finds_the_compiled_step(backend, kind):
     assert min(result["calls_per_step"]) > 0
     assert result["graph"]["kind"] == kind
     assert result["graph"]["ops"] > 0
+
+
+class FakeWorker:
+    """Answers turns from a list of durations, as a LiveWorker would."""
+
+    def __init__(self, name, durations, log):
+        self.name, self.durations, self.log = name, list(durations), log
+
+    def ready(self):
+        self.log.append(f"{self.name} ready")
+
+    def turn(self):
+        self.log.append(self.name)
+        return self.durations.pop(0)
+
+    def close(self):
+        assert not self.durations
+        return {"peak_mib": 1.0}
+
+
+def test_a_round_alternates_strictly_and_drops_the_settling_turns():
+    log = []
+    workers = {
+        "stock": FakeWorker("stock", [9.0, 1.0, 1.0, 2.0, 2.0], log),
+        "fork": FakeWorker("fork", [9.0, 1.0, 1.5, 2.0, 2.0], log),
+    }
+    times, ratios, peaks = bench.measure_round(0, workers, 5)
+    assert log[:2] == ["stock ready", "fork ready"]
+    assert log[2:] == ["stock", "fork"] * 5  # never twice in a row
+    assert times["stock"] == [1.0, 1.0, 2.0, 2.0]
+    assert times["fork"] == [1.0, 1.5, 2.0, 2.0]
+    # Each fork turn against the mean of the stock turns around it (the
+    # last fork turn has none after it): the machine slowing down from 1.0
+    # to 2.0 during the fork's 1.5 weighs on both sides of its ratio.
+    assert ratios == [1.0, 1.0, 1.0]
+    assert peaks == {"stock": 1.0, "fork": 1.0}
+
+
+def test_odd_rounds_start_with_the_fork():
+    log = []
+    workers = {
+        "stock": FakeWorker("stock", [1.0] * 3, log),
+        "fork": FakeWorker("fork", [2.0] * 3, log),
+    }
+    _, ratios, _ = bench.measure_round(1, workers, 3)
+    assert log[2:] == ["fork", "stock"] * 3
+    assert ratios == [2.0]  # fork, stock, [fork], stock
+    with pytest.raises(ValueError, match="at least 3 turns"):
+        bench.measure_round(0, workers, 2)
+
+
+def test_the_median_interval_holds_the_median():
+    ratios = [0.9, 0.95, 1.0, 1.0, 1.02, 1.05, 1.1, 1.3, 0.97, 1.01]
+    low, high = bench.median_ci([ratios[:5], ratios[5:]])
+    assert low <= statistics.median(ratios) <= high
+    assert 0.9 <= low and high <= 1.3
+    assert bench.median_ci([[1.0, 1.0], [1.0]]) == (1.0, 1.0)
+
+
+def test_the_interval_widens_with_the_spread_between_rounds():
+    # The same 40 ratios: tight within each round, but two rounds (two
+    # process pairs) sit 10% above the others. Resampling the rounds says
+    # the median is uncertain between them; pooling the ratios would not.
+    low_rounds = [[1.0 + 0.001 * i for i in range(10)]] * 2
+    high_rounds = [[1.1 + 0.001 * i for i in range(10)]] * 2
+    low, high = bench.median_ci(low_rounds + high_rounds)
+    assert low < 1.01 and high > 1.1
+    pooled = bench.median_ci([sum(low_rounds + high_rounds, [])])
+    assert pooled[1] - pooled[0] < high - low
+
+
+def _gated(script, timeout=60, env=None):
+    """A LiveWorker running ``script`` with the real Gate."""
+    prelude = (
+        "import json, os, sys, time\n"
+        "from keras_fork.bench_worker import Gate\n"
+        "gate = Gate.from_env()\n"
+    )
+    return bench.LiveWorker(
+        "fake", [sys.executable, "-c", prelude + script],
+        dict(os.environ, **(env or {})), timeout=timeout,
+    )  # fmt: skip
+
+
+def _alive(pid):
+    from tests.test_multiprocess import _alive
+
+    return _alive(pid)
+
+
+def test_a_live_worker_runs_a_repetition_per_turn():
+    worker = _gated(
+        "for t in (0.5, 0.25):\n"
+        "    gate.wait()\n"
+        "    gate.report(t)\n"
+        "gate.close()\n"
+        "print(json.dumps({'seconds': [], 'peak_mib': 7.0}))\n"
+    )
+    try:
+        worker.ready()
+        assert [worker.turn(), worker.turn()] == [0.5, 0.25]
+        assert worker.close()["peak_mib"] == 7.0
+    finally:
+        worker.kill()
+
+
+@pytest.mark.parametrize(
+    "script, message",
+    [
+        ("gate.wait()\nsys.exit(3)\n", "exited with status 3"),
+        ("gate.wait()\nprint('oops', file=sys.stderr)\nsys.exit(1)\n",
+         "oops"),
+        ("gate.wait()\ngate._send({'seconds': 'soon'})\ngate.close()\n",
+         "not a duration"),
+    ],
+)  # fmt: skip
+def test_a_failing_worker_is_named_with_its_status_and_log(script, message):
+    worker = _gated(script)
+    try:
+        worker.ready()
+        with pytest.raises(bench.ForkError, match=message) as e:
+            worker.turn()
+        assert "benchmark worker fake" in str(e.value)
+    finally:
+        worker.kill()
+
+
+def test_a_worker_that_dies_before_its_first_turn_fails_at_once():
+    worker = _gated("sys.exit(5)\n", timeout=120)
+    start = time.monotonic()
+    try:
+        with pytest.raises(bench.ForkError, match="exited with status 5"):
+            worker.ready()
+    finally:
+        worker.kill()
+    assert time.monotonic() - start < 30  # not the 120 s timeout
+
+
+def test_a_hanging_worker_times_out_and_its_group_is_killed(tmp_path):
+    # The worker starts a child (in its process group), then hangs.
+    worker = _gated(
+        "import subprocess, threading\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import threading; threading.Event().wait()'])\n"
+        "open(os.environ['PID_FILE'], 'w').write(str(child.pid))\n"
+        "gate.wait()\n"
+        "threading.Event().wait()\n",
+        timeout=3,
+        env={"PID_FILE": str(tmp_path / "child")},
+    )
+    try:
+        worker.ready()
+        with pytest.raises(bench.ForkError, match="did not answer in 3 s"):
+            worker.turn()
+    finally:
+        worker.kill()
+    assert not _alive(worker.proc.pid)
+    assert not _alive(int((tmp_path / "child").read_text()))
+
+
+def test_the_gate_is_on_loopback_only():
+    from keras_fork.bench_worker import Gate
+
+    with pytest.raises(ValueError, match="127.0.0.1"):
+        Gate("10.0.0.1:5000")
+    Gate(None).wait()  # no benchmark: every repetition runs at once
