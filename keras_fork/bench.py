@@ -231,14 +231,22 @@ def _with_settling_turn(opts):
     return dict(opts, **{key: opts[key] + 1})
 
 
+def round_order(round_index):
+    """The variants in the order they start and take turns: odd rounds
+    start with the fork. The worker started first also goes first (an A/A
+    run showed the slot started second faster by a few percent on torch),
+    so that neither variant keeps either place."""
+    return ("stock", "fork") if round_index % 2 == 0 else ("fork", "stock")
+
+
 def measure_round(round_index, workers, turns):
     """One round: both workers warm up, then take turns.
 
     The turns alternate strictly (ABAB: a back-to-back turn would find
     the worker's own background work from its last turn, e.g. tf.data's
     prefetch for the next epoch, still running, and a turn after the other
-    variant's does not); odd rounds start with the fork. The first turn of
-    each variant settles (discarded).
+    variant's does not), in ``round_order``. The first turn of each
+    variant settles (discarded).
 
     Args:
         round_index: the round's number.
@@ -260,9 +268,9 @@ def measure_round(round_index, workers, turns):
     """
     if turns < 3:
         raise ValueError(f"a round needs at least 3 turns, not {turns}")
-    for w in workers.values():
-        w.ready()
-    order = ("stock", "fork") if round_index % 2 == 0 else ("fork", "stock")
+    order = round_order(round_index)
+    for variant in order:
+        workers[variant].ready()
     sequence = []
     for _ in range(turns):
         for variant in order:
@@ -366,7 +374,7 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
         for r in range(rounds):
             workers = {}
             try:
-                for v in ("stock", "fork"):
+                for v in round_order(r):
                     env = prove.child_env(dirs[v], overlay, topo_env)
                     name = f"{v} ({workload}, {backend}/{topology})"
                     workers[v] = LiveWorker(name, cmd, env, cpu)

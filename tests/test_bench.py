@@ -213,7 +213,8 @@ def test_odd_rounds_start_with_the_fork():
         "fork": FakeWorker("fork", [2.0] * 3, log),
     }
     _, ratios, _ = bench.measure_round(1, workers, 3)
-    assert log[2:] == ["fork", "stock"] * 3
+    assert bench.round_order(1) == ("fork", "stock")  # started in this order
+    assert log == ["fork ready", "stock ready"] + ["fork", "stock"] * 3
     assert ratios == [2.0]  # fork, stock, [fork], stock
     with pytest.raises(ValueError, match="at least 3 turns"):
         bench.measure_round(0, workers, 2)
