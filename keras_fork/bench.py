@@ -443,10 +443,10 @@ WORK_END = "<!-- bench-work:end -->"
 def run_work(layout, base, accelerator, cases, console):
     """Counts the work per step of each step case, stock and fork.
 
-    Timings on a loaded machine cannot resolve a fork cost of a few percent
-    (the per-round ratios of one case spread over 0.4..1.8 on the 2-core
-    CI host); counts can. Per case, one process per variant reports
-    (``keras_fork.bench_worker``, ``"work"``):
+    Timings resolve a fork cost to a few percent at best (the intervals of
+    the paired turns end 1..6% above their ratios on the 2-core CI
+    host); counts resolve a single call. Per case, one process per variant
+    reports (``keras_fork.bench_worker``, ``"work"``):
 
     * the Python function calls per step (per call for ``stateless_call``)
       in each of ``WORK_EPOCHS`` epochs after the compiling one. A row
