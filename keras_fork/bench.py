@@ -3,11 +3,12 @@
 Each round of a case starts two ``keras_fork.bench_worker`` processes, stock
 and fork, and, once both are warm, has them take turns (lockstep, see
 ``LiveWorker``): one repetition (an epoch, a batch of calls) of one, then of
-the other, in ABBA order, so that the two are never measured at the same
-time and the machine's drift hits both alike. Each pair of turns gives a
-fork/stock ratio; a case reports the medians, the median of its paired
-ratios with a bootstrap confidence interval, and the spread of the rounds
-(fresh processes: their memory layout differs). Single-device cases on CPU
+the other, in strict alternation (``measure_round``), so that the two are
+never measured at the same time and the machine's drift hits both alike.
+Each fork turn against the stock turns around it gives a fork/stock ratio;
+a case reports the medians, the median of its ratios with a bootstrap
+confidence interval (``median_ci``), and the spread of the rounds (fresh
+processes: their memory layout differs). Single-device cases on CPU
 run pinned to one core, where a 2-core machine's scheduling noise is
 smallest. Results: ``dist/bench.json`` and a table (``--readme`` puts it in
 README.md). A run of some cases (``--case``) replaces those rows of the last
@@ -223,12 +224,16 @@ class LiveWorker:
                 closeable.close()
 
 
+def _turns_key(opts) -> str:
+    """The option that counts a case's repetitions (turns in a round)."""
+    return "epochs" if "epochs" in opts else "repeats"
+
+
 def _with_settling_turn(opts):
     """``opts`` with one more turn, which ``measure_round`` discards: the
     first turn after both warm-ups still overlaps their tail (a worker's
     background threads, its collector)."""
-    key = "epochs" if "epochs" in opts else "repeats"
-    return dict(opts, **{key: opts[key] + 1})
+    return dict(opts, **{_turns_key(opts): opts[_turns_key(opts)] + 1})
 
 
 def round_order(round_index):
@@ -293,10 +298,6 @@ def pinned_cpu(topology, accelerator):
     if topology != "1" or accelerator != "cpu":
         return None
     return max(os.sched_getaffinity(0))
-
-
-def _repetitions(opts) -> int:
-    return opts["epochs"] if "epochs" in opts else opts["repeats"]
 
 
 def median_ci(round_ratios, confidence=0.95, resamples=2000):
@@ -379,7 +380,7 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
                     name = f"{v} ({workload}, {backend}/{topology})"
                     workers[v] = LiveWorker(name, cmd, env, cpu)
                 turns, ratios, peak = measure_round(
-                    r, workers, _repetitions(opts)
+                    r, workers, opts[_turns_key(opts)]
                 )
             finally:
                 for w in workers.values():
@@ -627,6 +628,8 @@ def main(argv=None) -> int:
         "instead of timing, into dist/bench-work.json",
     )
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if args.aa and args.readme:
         p.error("--aa measures no fork: it does not go into the README")
     if args.aa and args.work:
