@@ -2,6 +2,7 @@
 its work counts on the fork."""
 
 import os
+import select
 import statistics
 import sys
 import time
@@ -326,7 +327,17 @@ def test_a_hanging_worker_times_out_and_its_group_is_killed(tmp_path):
     finally:
         worker.kill()
     assert not _alive(worker.proc.pid)
-    assert not _alive(int((tmp_path / "child").read_text()))
+    child = int((tmp_path / "child").read_text())
+    # SIGKILL reaches the child asynchronously: wait (bounded) for its exit.
+    try:
+        fd = os.pidfd_open(child)
+    except ProcessLookupError:
+        return  # gone already
+    try:
+        select.select([fd], [], [], 30)
+    finally:
+        os.close(fd)
+    assert not _alive(child)
 
 
 def test_the_gate_is_on_loopback_only():
