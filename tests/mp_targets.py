@@ -8,6 +8,11 @@ def echo(rank, world_size):
     return {"rank": rank, "world": world_size, "pid": os.getpid()}
 
 
+def environ(rank, world_size):
+    """The worker's environment and session, as the worker sees them."""
+    return {"env": dict(os.environ), "sid": os.getsid(0), "pid": os.getpid()}
+
+
 def crash_on_rank_1(rank, world_size):
     if rank == 1:
         raise RuntimeError("rank 1 broke on purpose")

@@ -99,18 +99,19 @@ def test_start_worker_own_session_env_over_ours_log_and_result(
     """The one way both run_workers and kill_at_signal start a worker."""
     monkeypatch.setenv("MP_OUTER", "kept")
     monkeypatch.setenv("RANK", "99")
-    env = {"RANK": "0", "WORLD_SIZE": "1", "PID_DIR": str(tmp_path)}
-    proc = multiprocess._start_worker("tests.mp_targets:hang", 0, tmp_path, env)
+    env = {"RANK": "0", "WORLD_SIZE": "1"}
+    # The worker reports what it sees: /proc/<pid>/environ, read right after
+    # Popen returns, can still be empty (exec has not set it up yet).
+    proc = multiprocess._start_worker(
+        "tests.mp_targets:environ", 0, tmp_path, env
+    )
     try:
-        assert os.getsid(proc.pid) == proc.pid  # its group can be killed
-        with open(f"/proc/{proc.pid}/environ", "rb") as f:
-            seen = dict(
-                item.decode().split("=", 1)
-                for item in f.read().split(b"\0")
-                if item
-            )
+        assert proc.wait(timeout=60) == 0
     finally:
         multiprocess._kill([proc])
+    result = json.loads((tmp_path / "result-0.json").read_text())
+    assert result["sid"] == result["pid"]  # its group can be killed
+    seen = result["env"]
     assert seen["MP_OUTER"] == "kept" and seen["RANK"] == "0"
     assert seen["WORKER_RESULT"] == str(tmp_path / "result-0.json")
     assert (tmp_path / "worker-0.log").exists()
