@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import select
-import signal
 import socket
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ import sys
 import tempfile
 import time
 
+from integration_tests import multiprocess
 from integration_tests import topologies
 from keras_fork import pins
 from keras_fork import prove
@@ -213,12 +213,7 @@ class LiveWorker:
 
     def kill(self):
         """Kills the worker's process group and frees the port."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
+        multiprocess._kill([self.proc])  # the harness's group kill
         for closeable in (self._conn, self._server, self._out, self._err):
             if closeable is not None:
                 closeable.close()
