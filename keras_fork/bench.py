@@ -356,6 +356,7 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
     dirs = dict(prove.install_variants(layout, base))
     if aa:
         dirs["fork"] = dirs["stock"]
+    label = "stock/stock (A/A)" if aa else "fork/stock"
     overlay = prove.install_overlay(layout, base)
     rows = []
     for case, workload, backend, topology, opts in cases:
@@ -406,7 +407,7 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
             "date": datetime.date.today().isoformat(),
         }
         console.print(
-            f"{case} ({backend}/{topology}): fork/stock {row['ratio']:.3f} "
+            f"{case} ({backend}/{topology}): {label} {row['ratio']:.3f} "
             f"[{low:.3f}, {high:.3f}], rounds "
             f"{row['ratio_min']:.3f}..{row['ratio_max']:.3f}"
         )
