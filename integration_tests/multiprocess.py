@@ -8,6 +8,10 @@ per rank, for rendezvous that address every worker, like TensorFlow's
 ``TF_CONFIG``: see ``tf_config``), calls the function with
 ``(rank, world_size)`` and writes its JSON-able return value to a file.
 
+Under ``PROOF_ACCELERATOR=gpu`` each worker gets one GPU of its own
+(``CUDA_VISIBLE_DEVICES``, rank ``r`` the ``r``-th visible GPU), and torch
+process groups use NCCL instead of gloo (``torch_process_group``).
+
 Failure handling follows the MultiProcessTestCase rules: the first worker
 that exits non-zero, or the deadline, ends the run; every worker's whole
 process group is killed; the error names the worker, its exit status and
@@ -45,6 +49,41 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def worker_gpus(world_size: int) -> list[dict]:
+    """The GPU environment of each rank: under ``PROOF_ACCELERATOR=gpu``,
+    ``CUDA_VISIBLE_DEVICES`` naming one GPU a rank, the ``rank``-th of
+    this process's visible GPUs (``topologies.visible_gpus``); else none
+    (workers inherit this process's devices, on CPU none).
+
+    Returns:
+        ``world_size`` dicts of environment variables, indexed by rank.
+
+    Raises:
+        WorkerError: fewer visible GPUs than ranks.
+    """
+    from integration_tests import topologies
+
+    if os.environ.get("PROOF_ACCELERATOR", "cpu") != "gpu":
+        return [{} for _ in range(world_size)]
+    gpus = topologies.visible_gpus()
+    if len(gpus) < world_size:
+        raise WorkerError(
+            f"{world_size} workers need one GPU each; this process sees "
+            f"{len(gpus)} ({','.join(gpus) or 'none'})"
+        )
+    return [{"CUDA_VISIBLE_DEVICES": gpus[rank]} for rank in range(world_size)]
+
+
+def collective_backend() -> str:
+    """The ``torch.distributed`` backend of the workers: ``nccl`` under
+    ``PROOF_ACCELERATOR=gpu``, where each worker has one GPU
+    (``worker_gpus``), else ``gloo`` (CPU tensors). Source:
+    https://pytorch.org/docs/stable/distributed.html#which-backend-to-use
+    """
+    gpu = os.environ.get("PROOF_ACCELERATOR", "cpu") == "gpu"
+    return "nccl" if gpu else "gloo"
 
 
 def _kill(procs) -> None:
@@ -105,8 +144,9 @@ def run_workers(
     Raises:
         WorkerError: a worker exited non-zero (named, with exit status and
             log tail) or the run exceeded ``timeout``; all workers are
-            killed first.
+            killed first. On GPUs, fewer GPUs than workers (none started).
     """
+    gpus = worker_gpus(world_size)
     port = free_port()
     worker_ports = ",".join(str(free_port()) for _ in range(world_size))
     with tempfile.TemporaryDirectory(prefix="workers.") as tmp:
@@ -115,7 +155,8 @@ def run_workers(
         try:
             for rank in range(world_size):
                 wenv = dict(
-                    env or {},
+                    gpus[rank],
+                    **(env or {}),
                     RANK=str(rank),
                     LOCAL_RANK=str(rank),
                     WORLD_SIZE=str(world_size),
@@ -227,7 +268,8 @@ def signal_and_wait() -> None:
 
 @contextlib.contextmanager
 def torch_process_group(rank: int, world_size: int, timeout: float = 60):
-    """In a ``run_workers`` worker: a torch.distributed gloo process group.
+    """In a ``run_workers`` worker: a torch.distributed process group, gloo
+    on CPU, NCCL over the worker's one GPU (``collective_backend``).
 
     Rendezvous at ``MASTER_ADDR:MASTER_PORT`` (127.0.0.1, set by
     ``run_workers``); every collective is bounded by ``timeout`` seconds;
@@ -238,7 +280,7 @@ def torch_process_group(rank: int, world_size: int, timeout: float = 60):
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo",
+        collective_backend(),
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout),

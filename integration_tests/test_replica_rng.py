@@ -281,7 +281,7 @@ def test_multiworker_workers_draw_different_numbers(topology):
 
 
 def ddp_worker(rank, world_size):
-    """One torch DDP rank (gloo): dropout masks after the same global seed
+    """One torch DDP rank: dropout masks after the same global seed
     on every rank, then after ``seed + rank``."""
     with multiprocess.torch_process_group(rank, world_size):
         masks = {}

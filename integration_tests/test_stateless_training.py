@@ -154,7 +154,7 @@ def test_inference_outside_gradient_tracing_is_silent(topology):
 
 
 def ddp_worker(rank, world_size):
-    """One torch DDP rank: gloo process group, a gradient step without
+    """One torch DDP rank: a process group, a gradient step without
     ``training`` whose gradients are all-reduced; returns the warnings."""
     import torch
 
@@ -169,7 +169,9 @@ def ddp_worker(rank, world_size):
             warnings.simplefilter("always")
             for _ in range(2):
                 out, ntv = model.stateless_call(tv, ntv, x)
-                loss = torch.mean((out - torch.as_tensor(y)) ** 2)
+                loss = torch.mean(
+                    (out - torch.as_tensor(y, device=out.device)) ** 2
+                )
                 grads = torch.autograd.grad(loss, tv)
                 for g in grads:
                     dist.all_reduce(g)

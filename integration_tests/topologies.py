@@ -7,7 +7,8 @@ of a fresh process *before* the backend starts; inside that process
 is the distribution context tests train under.
 
 On a machine with GPUs (``PROOF_ACCELERATOR=gpu``) the multi-device
-topologies use the real GPUs instead of virtual CPU devices.
+topologies use the real GPUs instead of virtual CPU devices, one GPU a
+replica (``gpus_needed``), with TF32 off (``GPU_ENV``).
 
 This module imports no backend at import time, so the runner can use it.
 """
@@ -52,8 +53,9 @@ TOPOLOGIES = {
     ("torch", "1"): (1, "one device"),
     ("torch", "ddp-2"): (
         2,
-        "2 worker processes, torch.distributed gloo rendezvous on 127.0.0.1 "
-        "(tests start them with integration_tests.multiprocess)",
+        "2 worker processes, torch.distributed rendezvous on 127.0.0.1 "
+        "(gloo on CPU, NCCL with one GPU each; tests start them with "
+        "integration_tests.multiprocess)",
     ),
 }
 # Topologies whose replicas are worker processes: the test process itself
@@ -71,8 +73,72 @@ for _backend in ("jax", "tensorflow", "torch"):
     TOPOLOGIES[(_backend, UNIT)] = (1, "upstream-style unit tests, 1 device")
 
 
+# With ``--accelerator gpu`` every replica is a GPU: a process-per-replica
+# topology gives each worker one (``multiprocess.run_workers``), mirrored-N
+# mirrors over the first N, and jax/8 takes every local GPU, of which it
+# needs 2 to be multi-device at all. A cell whose topology needs more GPUs
+# than the machine has is n/a (``keras_fork.prove.short_of_gpus``).
+GPUS_AT_LEAST = {("jax", "8"): 2}
+
+# The environment of every process on GPUs, for two reasons.
+# Arithmetic: the proof tests compare N replicas with one device at float32
+# reassociation tolerances (about 1e-5 relative: a few ulps per step, each
+# test says why). GPUs would run float32 matmuls and convolutions in TF32
+# by default (TensorFlow, XLA, cuDNN under torch: a 10-bit mantissa, about
+# 1e-3 relative per product), which no such tolerance covers. With TF32
+# off (NVIDIA_TF32_OVERRIDE=0 for cuBLAS and cuDNN, and JAX's "highest"
+# matmul precision) every topology keeps the tolerances its tests declare
+# for CPU. Memory: GPUs are shared by processes (a test process and its
+# workers; the stock and fork workers of a benchmark), so each allocates
+# on demand instead of JAX's 75% and TensorFlow's whole-GPU preallocation.
+# Sources: https://www.tensorflow.org/api_docs/python/tf/config/experimental/
+# enable_tensor_float_32_execution (TF32 is on by default),
+# https://docs.jax.dev/en/latest/gpu_memory_allocation.html,
+# https://www.tensorflow.org/guide/gpu#limiting_gpu_memory_growth.
+GPU_ENV = {
+    "NVIDIA_TF32_OVERRIDE": "0",
+    "JAX_DEFAULT_MATMUL_PRECISION": "highest",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+}
+
+
 def known(backend: str, topology: str) -> bool:
     return (backend, topology) in TOPOLOGIES
+
+
+def gpus_needed(backend: str, topology: str) -> int:
+    """GPUs a topology needs with ``--accelerator gpu``: one per replica
+    (``jax/8`` takes every local GPU and needs at least 2).
+
+    Raises:
+        KeyError: unknown (backend, topology).
+    """
+    replicas, _ = TOPOLOGIES[(backend, topology)]
+    return GPUS_AT_LEAST.get((backend, topology), replicas)
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, named as ``CUDA_VISIBLE_DEVICES``
+    names them: that variable's entries where it is set (set but empty:
+    none), else the indices of the GPUs ``nvidia-smi -L`` lists (none
+    without ``nvidia-smi``)."""
+    import shutil
+    import subprocess
+
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        names = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+        return [n.strip() for n in names if n.strip()]
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    out = subprocess.run(
+        [exe, "-L"], capture_output=True, text=True, timeout=60
+    )
+    if out.returncode != 0:
+        return []
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")]
+    return [str(i) for i in range(len(lines))]
 
 
 def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
@@ -93,6 +159,8 @@ def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
         "PROOF_ACCELERATOR": accelerator,
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
+    if accelerator == "gpu":
+        env.update(GPU_ENV)
     if accelerator == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         if backend == "jax":
@@ -188,7 +256,7 @@ def jax_processes(rank: int, world_size: int):
     (127.0.0.1) and agrees on one Keras seed across the processes (it sums
     a seed drawn by each). On CPU, cross-process collectives use gloo
     (https://docs.jax.dev/en/latest/multi_process.html); on GPU, each worker
-    sees one GPU.
+    sees the one GPU ``run_workers`` gives it.
 
     Returns:
         ``keras.distribution.DataParallel`` over every process's devices,
@@ -196,12 +264,9 @@ def jax_processes(rank: int, world_size: int):
         JAX job is fed per-process NumPy data, each process its part of
         every global batch (see ``local_part``).
     """
-    gpu = os.environ.get("PROOF_ACCELERATOR", "cpu") == "gpu"
-    if gpu:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     import jax
 
-    if not gpu:
+    if os.environ.get("PROOF_ACCELERATOR", "cpu") != "gpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     import keras
 
@@ -304,11 +369,13 @@ def torch_train(
 
     variables = model.trainable_variables
     optimizer.build(variables)
+    # Where Keras put the model: the CPU, or this process's GPU.
+    device = variables[0].value.device
     net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
     for epoch in range(epochs):
         for start in range(0, len(x), batch_size):
-            xb = torch.as_tensor(x[start : start + batch_size])
-            yb = torch.as_tensor(y[start : start + batch_size])
+            xb = torch.as_tensor(x[start : start + batch_size], device=device)
+            yb = torch.as_tensor(y[start : start + batch_size], device=device)
             loss = torch.mean((net(xb, training=True) - yb) ** 2)
             loss.backward()
             optimizer.apply([v.value.grad for v in variables], variables)

@@ -592,6 +592,24 @@ def render_table(doc) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _with_enough_gpus(cases, console):
+    """The cases whose topology has the GPUs it needs here
+    (``topologies.gpus_needed``); says which are skipped and why."""
+    gpus = len(topologies.visible_gpus())
+    kept = []
+    for case in cases:
+        name, _, backend, topology, _ = case
+        need = topologies.gpus_needed(backend, topology)
+        if need > gpus:
+            console.print(
+                f"skipped {name} ({backend}/{topology}): needs {need} GPUs; "
+                f"this machine has {gpus}"
+            )
+        else:
+            kept.append(case)
+    return kept
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -644,6 +662,8 @@ def main(argv=None) -> int:
     cases = [
         c for c in CASES if not args.case or any(s in c[0] for s in args.case)
     ]
+    if accelerator == "gpu":
+        cases = _with_enough_gpus(cases, console)
     try:
         bases = pins.select_bases(layout, [args.base] if args.base else None)
         docs = []

@@ -302,12 +302,37 @@ def verdict(
 
 
 def detect_accelerator() -> str:
-    """``gpu`` when ``nvidia-smi -L`` lists a GPU, else ``cpu``."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return "cpu"
-    out = subprocess.run([exe, "-L"], capture_output=True, text=True)
-    return "gpu" if out.returncode == 0 and "GPU" in out.stdout else "cpu"
+    """``gpu`` when this process may use a GPU (``nvidia-smi -L`` lists
+    one, and ``CUDA_VISIBLE_DEVICES`` does not hide them all), else
+    ``cpu`` (``topologies.visible_gpus``)."""
+    return "gpu" if topologies.visible_gpus() else "cpu"
+
+
+def short_of_gpus(cells: list[Cell], gpus: int) -> list[Cell]:
+    """The cells, where a topology needs more GPUs than the machine has
+    turned ``n/a`` with the counts as the reason (a 1-GPU machine runs no
+    multi-device cell: its replicas would share one GPU, which proves
+    nothing about N devices).
+
+    Args:
+        cells: cells to run with ``--accelerator gpu``.
+        gpus: GPUs this process may use (``topologies.visible_gpus``).
+
+    Returns:
+        The cells in the same order; cells already ``n/a`` keep their
+        reason.
+    """
+    out = []
+    for c in cells:
+        need = topologies.gpus_needed(c.backend, c.topology)
+        if c.expect != "n/a" and need > gpus:
+            c = dataclasses.replace(
+                c,
+                expect="n/a",
+                reason=f"needs {need} GPUs; this machine has {gpus}",
+            )
+        out.append(c)
+    return out
 
 
 def install_variants(layout: pins.Layout, base: pins.Base) -> dict[str, Path]:
@@ -707,6 +732,8 @@ def main(args, layout: pins.Layout) -> int:
     accelerator = args.accelerator
     if accelerator == "auto":
         accelerator = detect_accelerator()
+    if accelerator == "gpu":
+        cells = short_of_gpus(cells, len(topologies.visible_gpus()))
     bases = {c.base: pins.get_base(layout, c.base) for c in cells}
     installed = {
         v: install_variants(layout, b) for v, b in bases.items()
