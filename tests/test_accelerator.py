@@ -105,26 +105,29 @@ def test_gpu_processes_keep_float32_and_share_gpu_memory():
         assert not set(topologies.GPU_ENV) & set(cpu)
 
 
-def test_gpu_workers_get_one_gpu_each(monkeypatch):
-    monkeypatch.setenv("PROOF_ACCELERATOR", "gpu")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")
+@pytest.mark.parametrize(
+    "accelerator, visible, seen_by_ranks, backend",
+    [
+        # One GPU of its own per rank, in the order they are visible.
+        ("gpu", "5,7,9", ["5", "7"], "nccl"),
+        # On CPU the workers inherit the test process's (no) devices.
+        ("cpu", "", ["", ""], "gloo"),
+        (None, "", ["", ""], "gloo"),
+    ],
+)
+def test_workers_devices_and_collectives(
+    monkeypatch, accelerator, visible, seen_by_ranks, backend
+):
+    if accelerator is None:
+        monkeypatch.delenv("PROOF_ACCELERATOR", raising=False)
+    else:
+        monkeypatch.setenv("PROOF_ACCELERATOR", accelerator)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     seen = multiprocess.run_workers(
         "tests.mp_targets:environ", world_size=2, timeout=60
     )
-    assert [s["env"]["CUDA_VISIBLE_DEVICES"] for s in seen] == ["5", "7"]
-    assert multiprocess.collective_backend() == "nccl"
-
-
-def test_cpu_workers_inherit_the_devices_and_use_gloo(monkeypatch):
-    monkeypatch.setenv("PROOF_ACCELERATOR", "cpu")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    seen = multiprocess.run_workers(
-        "tests.mp_targets:environ", world_size=2, timeout=60
-    )
-    assert [s["env"]["CUDA_VISIBLE_DEVICES"] for s in seen] == ["", ""]
-    assert multiprocess.collective_backend() == "gloo"
-    monkeypatch.delenv("PROOF_ACCELERATOR")
-    assert multiprocess.collective_backend() == "gloo"
+    assert [s["env"]["CUDA_VISIBLE_DEVICES"] for s in seen] == seen_by_ranks
+    assert multiprocess.collective_backend() == backend
 
 
 def test_too_few_gpus_start_no_worker(monkeypatch, tmp_path):
