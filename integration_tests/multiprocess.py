@@ -155,8 +155,7 @@ def run_workers(
         try:
             for rank in range(world_size):
                 wenv = dict(
-                    gpus[rank],
-                    **(env or {}),
+                    {**gpus[rank], **(env or {})},
                     RANK=str(rank),
                     LOCAL_RANK=str(rank),
                     WORLD_SIZE=str(world_size),
