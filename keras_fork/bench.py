@@ -11,9 +11,9 @@ confidence interval (``median_ci``), and the spread of the rounds (fresh
 processes: their memory layout differs). Single-device cases on CPU
 run pinned to one core, where a 2-core machine's scheduling noise is
 smallest. Results: ``dist/bench.json`` and a table (``--readme`` puts it in
-README.md). A run of some cases (``--case``) replaces those rows of the last
-run on the same machine with as many rounds (``merge``) and keeps the
-others.
+README.md). A run of some cases (``--case``, ``--backend``,
+``--topology``) replaces those rows of the last run on the same machine
+with as many rounds (``merge``) and keeps the others.
 
 ``--work`` counts instead of timing (``run_work``): the Python calls per
 step and the compiled training step of each step case, stock and fork, into
@@ -592,6 +592,19 @@ def render_table(doc) -> str:
     return "\n".join(lines) + "\n"
 
 
+def select_cases(names=None, backends=None, topologies_=None):
+    """The ``CASES`` whose name contains one of ``names`` and whose backend
+    and topology are among ``backends`` and ``topologies_`` (each filter
+    ``None`` or empty: any), in ``CASES`` order."""
+    return [
+        c
+        for c in CASES
+        if (not names or any(s in c[0] for s in names))
+        and (not backends or c[2] in backends)
+        and (not topologies_ or c[3] in topologies_)
+    ]
+
+
 def _with_enough_gpus(cases, console):
     """The cases whose topology has the GPUs it needs here
     (``topologies.gpus_needed``); says which are skipped and why."""
@@ -625,6 +638,10 @@ def main(argv=None) -> int:
         "for the case's repetitions",
     )
     p.add_argument("--case", action="append", help="substring of case names")
+    p.add_argument("--backend", action="append", help="only this backend")
+    p.add_argument(
+        "--topology", action="append", help="only this topology (e.g. 1)"
+    )
     p.add_argument(
         "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"
     )
@@ -659,9 +676,9 @@ def main(argv=None) -> int:
     accelerator = args.accelerator
     if accelerator == "auto":
         accelerator = prove.detect_accelerator()
-    cases = [
-        c for c in CASES if not args.case or any(s in c[0] for s in args.case)
-    ]
+    cases = select_cases(args.case, args.backend, args.topology)
+    if not cases:
+        p.error("no case matches --case/--backend/--topology")
     if accelerator == "gpu":
         cases = _with_enough_gpus(cases, console)
     try:
@@ -679,7 +696,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = layout.dist / name
-    if args.case:
+    if args.case or args.backend or args.topology:
         previous = {}
         try:
             text = out.read_text()

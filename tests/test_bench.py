@@ -69,6 +69,25 @@ def test_a_run_of_some_cases_replaces_only_their_rows():
     assert "| shuffle epoch, 10M samples | tensorflow | 1 |" in table
 
 
+def test_cases_are_selected_by_name_backend_and_topology():
+    def keys(cases):
+        return [(c[0], c[2], c[3]) for c in cases]
+
+    assert bench.select_cases() == bench.CASES
+    cnn = "fit step, CNN + BatchNorm"
+    assert keys(bench.select_cases(["CNN"], None, ["1"])) == [
+        (cnn, "jax", "1"), (cnn, "torch", "1"), (cnn, "tensorflow", "1"),
+    ]  # fmt: skip
+    assert keys(bench.select_cases([cnn], ["torch", "tensorflow"], ["1"])) == [
+        (cnn, "torch", "1"), (cnn, "tensorflow", "1"),
+    ]  # fmt: skip
+    assert keys(bench.select_cases(None, ["torch"], ["ddp-2"])) == [
+        ("DDP loop step, small MLP", "torch", "ddp-2"),
+        ("DDP loop step, CNN + BatchNorm", "torch", "ddp-2"),
+    ]
+    assert bench.select_cases(["no such case"]) == []
+
+
 def test_rows_of_another_machine_rounds_or_kind_are_dropped():
     previous = _doc([_row(MLP, "jax", "1", 1.1)])
     doc = _doc([_row(SHUFFLE, "jax", "1", 1.0)], rounds=3)
