@@ -566,12 +566,16 @@ def _date_range(doc) -> str:
 def render_table(doc) -> str:
     """The README table of a ``run`` document."""
     date = _date_range(doc)
-    what = "fork/stock"
+    pair, what = "stock and fork taking turns", "fork/stock"
     if doc.get("aa"):
-        what = "A/A run: the fork column is stock again, stock/stock"
+        pair = (
+            "stock and stock taking turns (A/A run: the fork column is "
+            "stock again)"
+        )
+        what = "stock/stock"
     lines = [
         f"_keras {doc['base']}, {doc['machine']}, {date}, {doc['rounds']} "
-        "rounds of stock and fork taking turns; ratio: the median of the "
+        f"rounds of {pair}; ratio: the median of the "
         f"paired {what} ratios [95% interval, rounds and pairs "
         "resampled] (the rounds' medians, min..max); single-device cases "
         "pinned to one core._",

@@ -104,7 +104,11 @@ def test_rows_of_another_machine_rounds_or_kind_are_dropped():
 
 def test_an_aa_table_says_it_measures_stock_twice():
     doc = dict(_doc([_row(MLP, "jax", "1", 1.1)]), aa=True)
-    assert "A/A run: the fork column is stock again" in bench.render_table(doc)
+    table = bench.render_table(doc)
+    assert "A/A run: the fork column is stock again" in table
+    assert "paired stock/stock ratios" in table
+    assert "fork/stock" not in table
+    assert "paired fork/stock ratios" in bench.render_table(dict(doc, aa=False))
 
 
 STOCK_FILE = 'source_file="/a/stock/keras/src/trainers/trainer.py"'
