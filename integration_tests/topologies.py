@@ -25,7 +25,7 @@ TOPOLOGIES = {
     ("jax", "8"): (
         8,
         "8 devices (virtual CPU devices via --xla_force_host_platform_"
-        "device_count, or the local GPUs), keras.distribution.DataParallel",
+        "device_count, or 8, 4 or 2 GPUs), keras.distribution.DataParallel",
     ),
     ("tensorflow", "1"): (1, "one device, default strategy"),
     ("tensorflow", "mirrored-2"): (
@@ -75,9 +75,11 @@ for _backend in ("jax", "tensorflow", "torch"):
 
 # With ``--accelerator gpu`` every replica is a GPU: a process-per-replica
 # topology gives each worker one (``multiprocess.run_workers``), mirrored-N
-# mirrors over the first N, and jax/8 takes every local GPU, of which it
-# needs 2 to be multi-device at all. A cell whose topology needs more GPUs
-# than the machine has is n/a (``keras_fork.prove.short_of_gpus``).
+# mirrors over the first N, and jax/8 takes 8 GPUs, or the first 4 or 2
+# where the machine has fewer (``jax_gpus``): a divisor of 8, so that every
+# batch its tests split over 8 devices splits over them too. A cell whose
+# topology needs more GPUs than the machine has is n/a
+# (``keras_fork.prove.short_of_gpus``).
 GPUS_AT_LEAST = {("jax", "8"): 2}
 
 # The environment of every process on GPUs, for two reasons.
@@ -109,13 +111,22 @@ def known(backend: str, topology: str) -> bool:
 
 def gpus_needed(backend: str, topology: str) -> int:
     """GPUs a topology needs with ``--accelerator gpu``: one per replica
-    (``jax/8`` takes every local GPU and needs at least 2).
+    (``jax/8`` needs 2 and takes up to 8, ``jax_gpus``).
 
     Raises:
         KeyError: unknown (backend, topology).
     """
     replicas, _ = TOPOLOGIES[(backend, topology)]
     return GPUS_AT_LEAST.get((backend, topology), replicas)
+
+
+def jax_gpus(visible: list[str]) -> list[str]:
+    """The GPUs ``jax/8`` runs on: the first 8, 4 or 2 of ``visible``,
+    the most there are (a divisor of 8); none below 2."""
+    for n in (8, 4, 2):
+        if len(visible) >= n:
+            return visible[:n]
+    return []
 
 
 def visible_gpus() -> list[str]:
@@ -161,6 +172,10 @@ def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
     }
     if accelerator == "gpu":
         env.update(GPU_ENV)
+        if (backend, topology) == ("jax", "8"):
+            chosen = jax_gpus(visible_gpus())
+            if chosen:  # else the cell is n/a (needs 2)
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
     if accelerator == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         if backend == "jax":

@@ -90,7 +90,25 @@ def test_cells_short_of_gpus_are_na_with_the_counts():
     assert prove.short_of_gpus(cells, 8) == cells
 
 
-def test_gpu_processes_keep_float32_and_share_gpu_memory():
+@pytest.mark.parametrize(
+    "visible, used",
+    [
+        ("0,1,2,3,4,5,6,7,8", "0,1,2,3,4,5,6,7"),
+        ("4,5,6,7,0,1", "4,5,6,7"),
+        ("1,2,3", "1,2"),
+    ],
+)
+def test_jax_8_takes_8_4_or_2_gpus(monkeypatch, visible, used):
+    # A divisor of 8: every batch split over 8 devices splits over them.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    env = topologies.env_for("jax", "8", "gpu")
+    assert env["CUDA_VISIBLE_DEVICES"] == used
+    assert "CUDA_VISIBLE_DEVICES" not in topologies.env_for("jax", "1", "gpu")
+    assert topologies.jax_gpus(["0"]) == []
+
+
+def test_gpu_processes_keep_float32_and_share_gpu_memory(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # jax/8 is n/a on it
     for backend, topology in topologies.TOPOLOGIES:
         env = topologies.env_for(backend, topology, "gpu")
         # TF32 off: the tests' float32 tolerances hold on GPUs too.
