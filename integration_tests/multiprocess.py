@@ -65,7 +65,7 @@ def worker_gpus(world_size: int) -> list[dict]:
     """
     from integration_tests import topologies
 
-    if os.environ.get("PROOF_ACCELERATOR", "cpu") != "gpu":
+    if not topologies.on_gpu():
         return [{} for _ in range(world_size)]
     gpus = topologies.visible_gpus()
     if len(gpus) < world_size:
@@ -82,8 +82,9 @@ def collective_backend() -> str:
     (``worker_gpus``), else ``gloo`` (CPU tensors). Source:
     https://pytorch.org/docs/stable/distributed.html#which-backend-to-use
     """
-    gpu = os.environ.get("PROOF_ACCELERATOR", "cpu") == "gpu"
-    return "nccl" if gpu else "gloo"
+    from integration_tests import topologies
+
+    return "nccl" if topologies.on_gpu() else "gloo"
 
 
 def _kill(procs) -> None:

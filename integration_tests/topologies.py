@@ -80,7 +80,7 @@ for _backend in ("jax", "tensorflow", "torch"):
 # batch its tests split over 8 devices splits over them too. A cell whose
 # topology needs more GPUs than the machine has is n/a
 # (``keras_fork.prove.short_of_gpus``).
-GPUS_AT_LEAST = {("jax", "8"): 2}
+JAX_8_GPUS = (8, 4, 2)
 
 # The environment of every process on GPUs, for two reasons.
 # Arithmetic: the proof tests compare N replicas with one device at float32
@@ -117,13 +117,35 @@ def gpus_needed(backend: str, topology: str) -> int:
         KeyError: unknown (backend, topology).
     """
     replicas, _ = TOPOLOGIES[(backend, topology)]
-    return GPUS_AT_LEAST.get((backend, topology), replicas)
+    if (backend, topology) == ("jax", "8"):
+        return min(JAX_8_GPUS)
+    return replicas
+
+
+def gpu_shortfall(backend: str, topology: str, gpus: int) -> str | None:
+    """Why a topology cannot run on a machine with ``gpus`` GPUs
+    (``"needs N GPUs; this machine has M"``), or ``None`` when it can
+    (``gpus_needed``).
+
+    Raises:
+        KeyError: unknown (backend, topology).
+    """
+    need = gpus_needed(backend, topology)
+    if need <= gpus:
+        return None
+    return f"needs {need} GPUs; this machine has {gpus}"
+
+
+def on_gpu() -> bool:
+    """Whether this process runs a topology on GPUs
+    (``PROOF_ACCELERATOR=gpu``, set by ``env_for``)."""
+    return os.environ.get("PROOF_ACCELERATOR", "cpu") == "gpu"
 
 
 def jax_gpus(visible: list[str]) -> list[str]:
     """The GPUs ``jax/8`` runs on: the first 8, 4 or 2 of ``visible``,
     the most there are (a divisor of 8); none below 2."""
-    for n in (8, 4, 2):
+    for n in JAX_8_GPUS:
         if len(visible) >= n:
             return visible[:n]
     return []
@@ -281,7 +303,7 @@ def jax_processes(rank: int, world_size: int):
     """
     import jax
 
-    if os.environ.get("PROOF_ACCELERATOR", "cpu") != "gpu":
+    if not on_gpu():
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     import keras
 
@@ -419,7 +441,7 @@ def current() -> Topology:
         return _CURRENT
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     name = os.environ.get("PROOF_TOPOLOGY", "1")
-    gpu = os.environ.get("PROOF_ACCELERATOR", "cpu") == "gpu"
+    gpu = on_gpu()
     replicas, _ = TOPOLOGIES[(backend, name)]
     strategy = None
     if (backend, name) in MULTI_PROCESS:

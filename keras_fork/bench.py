@@ -611,17 +611,14 @@ def select_cases(names=None, backends=None, topologies_=None):
 
 def _with_enough_gpus(cases, console):
     """The cases whose topology has the GPUs it needs here
-    (``topologies.gpus_needed``); says which are skipped and why."""
+    (``topologies.gpu_shortfall``); says which are skipped and why."""
     gpus = len(topologies.visible_gpus())
     kept = []
     for case in cases:
         name, _, backend, topology, _ = case
-        need = topologies.gpus_needed(backend, topology)
-        if need > gpus:
-            console.print(
-                f"skipped {name} ({backend}/{topology}): needs {need} GPUs; "
-                f"this machine has {gpus}"
-            )
+        why = topologies.gpu_shortfall(backend, topology, gpus)
+        if why:
+            console.print(f"skipped {name} ({backend}/{topology}): {why}")
         else:
             kept.append(case)
     return kept

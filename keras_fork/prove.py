@@ -324,13 +324,9 @@ def short_of_gpus(cells: list[Cell], gpus: int) -> list[Cell]:
     """
     out = []
     for c in cells:
-        need = topologies.gpus_needed(c.backend, c.topology)
-        if c.expect != "n/a" and need > gpus:
-            c = dataclasses.replace(
-                c,
-                expect="n/a",
-                reason=f"needs {need} GPUs; this machine has {gpus}",
-            )
+        why = topologies.gpu_shortfall(c.backend, c.topology, gpus)
+        if c.expect != "n/a" and why:
+            c = dataclasses.replace(c, expect="n/a", reason=why)
         out.append(c)
     return out
 
