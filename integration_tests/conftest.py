@@ -1,43 +1,24 @@
 """Harness of the proof suite.
 
 Every test is marked ``@pytest.mark.fix("<fix id>")`` (ids in
-``matrix.toml``), optionally with ``role="guard"`` (or ``guard_on=(backends)``
-for a guard on those backends only): a proof test (the default)
-must fail on stock where its cell is ``proven``; a guard test documents
-behavior that stock already has and must pass on both. The runner starts one
-pytest process per cell and variant
-with ``PROOF_FIX`` set; only that fix's tests are collected. Outside the
-runner (a developer running pytest by hand) every test runs on the topology of
-``PROOF_TOPOLOGY`` (default ``1``) with whichever keras is importable.
+``fixes/<id>/fix.toml``), optionally with ``role="guard"`` (or
+``guard_on=(backends)`` for a guard on those backends only): a proof test (the
+default) must fail on stock where its cell is ``proven``; a guard test
+documents behavior that stock already has and must pass on both. The runner
+starts one pytest process per cell and variant with ``PROOF_FIX`` set; only
+that fix's tests are collected. Outside the runner (a developer running pytest
+by hand) every test runs on the topology of ``PROOF_TOPOLOGY`` (default ``1``)
+with whichever keras is importable.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from integration_tests import topologies
-
-
-def pytest_configure(config):
-    # Before any backend op: TensorFlow logical devices are fixed at start.
-    topologies.current()
-    import keras
-
-    expected_dir = os.environ.get("PROOF_KERAS_DIR")
-    if expected_dir:
-        where = Path(keras.__file__).resolve()
-        if Path(expected_dir).resolve() not in where.parents:
-            raise pytest.UsageError(
-                f"keras imported from {where}, expected under {expected_dir}"
-            )
-    expected_version = os.environ.get("PROOF_KERAS_VERSION")
-    if expected_version and keras.__version__ != expected_version:
-        raise pytest.UsageError(
-            f"keras {keras.__version__} imported, expected {expected_version}"
-        )
+from integration_tests.harness import devices
+from integration_tests.harness.plugin import pytest_configure  # noqa: F401
 
 
 def _fix_of(item) -> str | None:
@@ -80,8 +61,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def topology():
-    """The ``topologies.Topology`` of this process."""
-    return topologies.current()
+    """The ``devices.Topology`` of this process."""
+    return devices.current()
 
 
 @pytest.fixture(autouse=True)

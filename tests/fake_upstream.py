@@ -4,7 +4,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from keras_fork import pins
+from keras_fork.recipe import pins
 
 VERSION = "9.9.9"
 EPOCH = 1_700_000_000

@@ -26,17 +26,17 @@ def hang(rank, world_size):
 
 
 def tf_config(rank, world_size):
-    from integration_tests import multiprocess
+    from integration_tests.harness import workers
 
-    return multiprocess.tf_config(rank)
+    return workers.tf_config(rank)
 
 
 def signal_mid_work(rank, world_size):
-    from integration_tests import multiprocess
+    from integration_tests.harness import workers
 
     with open(os.environ["PID_DIR"] + "/victim", "w") as f:
         f.write(str(os.getpid()))
-    multiprocess.signal_and_wait()
+    workers.signal_and_wait()
 
 
 def exit_early(rank, world_size):

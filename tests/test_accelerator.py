@@ -7,9 +7,10 @@ import stat
 
 import pytest
 
-from integration_tests import multiprocess
-from integration_tests import topologies
-from keras_fork import prove
+from integration_tests.harness import topologies
+from integration_tests.harness import workers
+from keras_fork.proof import fixes
+from keras_fork.proof import variants
 
 
 def _fake_nvidia_smi(folder, gpus):
@@ -49,7 +50,7 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch, tmp_path):
     assert topologies.visible_gpus() == ["2", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert topologies.visible_gpus() == []
-    assert prove.detect_accelerator() == "cpu"
+    assert variants.detect_accelerator() == "cpu"
 
 
 def test_visible_gpus_are_what_nvidia_smi_lists(
@@ -57,14 +58,14 @@ def test_visible_gpus_are_what_nvidia_smi_lists(
 ):
     monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path, 3)))
     assert topologies.visible_gpus() == ["0", "1", "2"]
-    assert prove.detect_accelerator() == "gpu"
+    assert variants.detect_accelerator() == "gpu"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert topologies.visible_gpus() == []
-    assert prove.detect_accelerator() == "cpu"
+    assert variants.detect_accelerator() == "cpu"
 
 
 def _cell(backend, topology, expect="proven", reason=""):
-    return prove.Cell(
+    return fixes.Cell(
         "3.15.1", "f", "#1", backend, topology, expect, reason
     )  # fmt: skip
 
@@ -78,16 +79,16 @@ def test_cells_short_of_gpus_are_na_with_the_counts():
         _cell("jax", "8"),
         _cell("jax", "procs-2", "n/a", "no 2-process test"),
     ]
-    two = prove.short_of_gpus(cells, 2)
+    two = fixes.short_of_gpus(cells, 2)
     assert [c.expect for c in two] == [
         "proven", "guard", "n/a", "proven", "proven", "n/a",
     ]  # fmt: skip
     assert two[2].reason == "needs 4 GPUs; this machine has 2"
     assert two[5].reason == "no 2-process test"  # its own reason stands
-    one = prove.short_of_gpus(cells, 1)
+    one = fixes.short_of_gpus(cells, 1)
     assert [c.expect for c in one] == ["proven"] + ["n/a"] * 5
     assert one[4].reason == "needs 2 GPUs; this machine has 1"
-    assert prove.short_of_gpus(cells, 8) == cells
+    assert fixes.short_of_gpus(cells, 8) == cells
 
 
 @pytest.mark.parametrize(
@@ -141,18 +142,18 @@ def test_workers_devices_and_collectives(
     else:
         monkeypatch.setenv("PROOF_ACCELERATOR", accelerator)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    seen = multiprocess.run_workers(
+    seen = workers.run_workers(
         "tests.mp_targets:environ", world_size=2, timeout=60
     )
     assert [s["env"]["CUDA_VISIBLE_DEVICES"] for s in seen] == seen_by_ranks
-    assert multiprocess.collective_backend() == backend
+    assert workers.collective_backend() == backend
 
 
 def test_too_few_gpus_start_no_worker(monkeypatch, tmp_path):
     monkeypatch.setenv("PROOF_ACCELERATOR", "gpu")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    with pytest.raises(multiprocess.WorkerError, match="need one GPU each"):
-        multiprocess.run_workers(
+    with pytest.raises(workers.WorkerError, match="need one GPU each"):
+        workers.run_workers(
             "tests.mp_targets:hang",
             world_size=2,
             timeout=5,

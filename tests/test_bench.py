@@ -6,13 +6,15 @@ import select
 import statistics
 import sys
 import time
+import types
 
 import pytest
 from packaging.version import Version
 
-from keras_fork import bench
-from keras_fork import pins
-from keras_fork import prove
+from keras_fork import cli
+from keras_fork.bench import bench
+from keras_fork.proof import variants
+from keras_fork.recipe import pins
 
 
 def _row(case, backend, topology, ratio, date="2026-11-22"):
@@ -126,7 +128,7 @@ HLO = (
 
 
 def test_canonical_hlo_ignores_source_locations_not_ops():
-    from keras_fork import bench_worker
+    from keras_fork.bench import worker as bench_worker
 
     stock = bench_worker.canonical_hlo(HLO)
     assert len(stock) == 3
@@ -182,9 +184,9 @@ def test_work_mode_finds_the_compiled_step(backend, kind):
     layout = pins.Layout.default()
     bases = pins.load_bases(layout)
     base = bases[max(bases, key=Version)]
-    fork = prove.install_variants(layout, base)["fork"]
+    fork = variants.install_variants(layout, base)["fork"]
     result = bench._run_worker(
-        fork, prove.install_overlay(layout, base), "fit_step", backend, "1",
+        fork, variants.install_overlay(layout, base), "fit_step", backend, "1",
         {"samples": 256, "batch_size": 64, "epochs": 2, "work": True},
         "cpu",
     )  # fmt: skip
@@ -268,7 +270,7 @@ def _gated(script, timeout=60, env=None):
     """A LiveWorker running ``script`` with the real Gate."""
     prelude = (
         "import json, os, sys, time\n"
-        "from keras_fork.bench_worker import Gate\n"
+        "from keras_fork.bench.worker import Gate\n"
         "gate = Gate.from_env()\n"
     )
     return bench.LiveWorker(
@@ -364,8 +366,138 @@ def test_a_hanging_worker_times_out_and_its_group_is_killed(tmp_path):
 
 
 def test_the_gate_is_on_loopback_only():
-    from keras_fork.bench_worker import Gate
+    from keras_fork.bench.worker import Gate
 
     with pytest.raises(ValueError, match="127.0.0.1"):
         Gate("10.0.0.1:5000")
     Gate(None).wait()  # no benchmark: every repetition runs at once
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--aa", "--docs"], "does not go into docs/benchmarks.md"),
+        (["--aa", "--readme"], "does not go into docs/benchmarks.md"),
+        (["--aa", "--work"], "no A/A run"),
+        (["--case", "no such case"], "no case matches"),
+    ],
+)
+def test_a_refused_option_combination_exits_2(argv, message, tmp_path, capsys):
+    assert cli.main(["--root", str(tmp_path), "bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "dist").exists()  # refused before measuring
+
+
+def _fake_measurements(monkeypatch):
+    """``bench`` without workers: one base, canned run and work documents."""
+    base = types.SimpleNamespace(version="3.15.1")
+    monkeypatch.setattr(bench.pins, "select_bases", lambda layout, v: [base])
+    monkeypatch.setattr(
+        bench, "run", lambda *a: _doc([_row(MLP, "jax", "1", 1.1)])
+    )
+    hlo = {"kind": "XLA HLO", "ops": 245, "digest": "55f943beacb0"}
+    work = dict(
+        _doc([{"date": "2026-11-23"}]), cases=[_work_row(MLP, hlo, hlo)]
+    )
+    monkeypatch.setattr(bench, "run_work", lambda *a: work)
+
+
+@pytest.mark.parametrize("option", ["--docs", "--readme"])
+def test_the_tables_go_into_docs_benchmarks_md(option, tmp_path, monkeypatch):
+    _fake_measurements(monkeypatch)
+    docs = tmp_path / "docs" / "benchmarks.md"
+    docs.parent.mkdir()
+    markers = (bench.DOCS_BEGIN, bench.DOCS_END)
+    markers += (bench.WORK_BEGIN, bench.WORK_END)
+    docs.write_text(
+        "# Benchmarks\n{}\nold\n{}\nmid\n{}\nold\n{}\nend\n".format(*markers)
+    )
+    argv = ["--root", str(tmp_path), "bench", option, "--accelerator", "cpu"]
+    assert cli.main(argv) == 0
+    assert cli.main([*argv, "--work"]) == 0
+    text = docs.read_text()
+    timed = text.split(bench.DOCS_BEGIN)[1].split(bench.DOCS_END)[0]
+    assert "| fit step, small MLP | jax | 1 | 1000.000 ms |" in timed
+    counted = text.split(bench.WORK_BEGIN)[1].split(bench.WORK_END)[0]
+    assert "| same XLA HLO (245 ops) |" in counted
+    assert "old" not in text
+    assert text.startswith("# Benchmarks\n") and "\nmid\n" in text
+    assert (tmp_path / "dist" / "bench.json").is_file()
+    assert (tmp_path / "dist" / "bench-work.json").is_file()
+    assert not (tmp_path / "README.md").exists()
+
+
+def test_without_docs_the_committed_tables_are_left_alone(
+    tmp_path, monkeypatch, capsys
+):
+    _fake_measurements(monkeypatch)
+    argv = ["--root", str(tmp_path), "bench", "--accelerator", "cpu"]
+    assert cli.main(argv) == 0
+    assert "| fit step, small MLP | jax | 1 |" in capsys.readouterr().out
+    assert (tmp_path / "dist" / "bench.json").is_file()
+    assert not (tmp_path / "docs").exists()
+
+
+class _CannedLiveWorker:
+    """Stands in for ``LiveWorker`` in ``run``: the fork takes 1.5 s a turn
+    (1 s for stock), and every worker started is logged."""
+
+    started = []
+
+    def __init__(self, name, cmd, env, cpu=None):
+        self.name, self.killed = name, False
+        self.keras = env["PYTHONPATH"].split(os.pathsep)[0]
+        self.started.append((self, cpu))
+
+    def ready(self):
+        pass
+
+    def turn(self):
+        return 1.5 if self.name.startswith("fork") else 1.0
+
+    def close(self):
+        return {"peak_mib": 2.0}
+
+    def kill(self):
+        self.killed = True
+
+
+@pytest.mark.parametrize("aa", [False, True])
+def test_a_run_measures_every_round_of_each_case(aa, monkeypatch):
+    started = []
+    monkeypatch.setattr(_CannedLiveWorker, "started", started)
+    monkeypatch.setattr(bench, "LiveWorker", _CannedLiveWorker)
+    monkeypatch.setattr(
+        bench.variants,
+        "install_variants",
+        lambda layout, base: {"stock": "/stock", "fork": "/fork"},
+    )
+    monkeypatch.setattr(bench.variants, "install_overlay", lambda *a: None)
+    printed = []
+    console = types.SimpleNamespace(print=printed.append)
+    base = types.SimpleNamespace(version="3.15.1")
+    cases = bench.select_cases([MLP], ["jax"], ["1"])
+    doc = bench.run(None, base, 3, "cpu", cases, console, aa)
+    assert doc["rounds"] == 3 and doc["aa"] is aa
+    (row,) = doc["cases"]
+    assert (row["case"], row["backend"], row["topology"]) == (MLP, "jax", "1")
+    assert row["stock_median_s"] == 1.0 and row["ratio"] == 1.5
+    assert len(row["round_ratios"]) == 3
+    # 100 epochs + 1 settling turn each; no ratio for the round's first or
+    # last turn.
+    assert row["pairs"] == 3 * 99
+    assert row["pinned_cpu"] == max(os.sched_getaffinity(0))
+    names = [w.name for w, _ in started]
+    assert names == [
+        f"{v} (fit_step, jax/1)" for r in range(3) for v in bench.round_order(r)
+    ]
+    assert all(w.killed for w, _ in started)
+    fork_keras = {w.keras for w, _ in started if w.name.startswith("fork")}
+    assert fork_keras == ({"/stock"} if aa else {"/fork"})
+    label = "stock/stock (A/A)" if aa else "fork/stock"
+    assert printed == [
+        f"{MLP} (jax/1): {label} 1.500 [1.500, 1.500], rounds 1.500..1.500"
+    ]

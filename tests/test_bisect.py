@@ -2,7 +2,7 @@
 
 import pytest
 
-from keras_fork import bisect
+from keras_fork.proof import bisect
 
 
 @pytest.mark.parametrize(

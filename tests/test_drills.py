@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from keras_fork import pins
+from keras_fork.recipe import pins
 from tests import fake_upstream as fake
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from integration_tests import multiprocess
+from integration_tests.harness import workers
 
 
 def _alive(pid):
@@ -23,15 +23,15 @@ def _alive(pid):
 
 
 def test_results_come_back_by_rank():
-    out = multiprocess.run_workers("tests.mp_targets:echo", world_size=2)
+    out = workers.run_workers("tests.mp_targets:echo", world_size=2)
     assert [(r["rank"], r["world"]) for r in out] == [(0, 2), (1, 2)]
     assert not any(_alive(r["pid"]) for r in out)
 
 
 def test_failing_worker_is_named_and_the_others_are_killed():
     start = time.monotonic()
-    with pytest.raises(multiprocess.WorkerError) as e:
-        multiprocess.run_workers(
+    with pytest.raises(workers.WorkerError) as e:
+        workers.run_workers(
             "tests.mp_targets:crash_on_rank_1", world_size=2, timeout=120
         )
     assert time.monotonic() - start < 60  # did not wait for the timeout
@@ -41,8 +41,8 @@ def test_failing_worker_is_named_and_the_others_are_killed():
 
 
 def test_hanging_workers_time_out_and_leave_no_orphans(tmp_path):
-    with pytest.raises(multiprocess.WorkerError, match="still running"):
-        multiprocess.run_workers(
+    with pytest.raises(workers.WorkerError, match="still running"):
+        workers.run_workers(
             "tests.mp_targets:hang",
             world_size=2,
             timeout=5,
@@ -56,7 +56,7 @@ def test_hanging_workers_time_out_and_leave_no_orphans(tmp_path):
 def test_free_port_is_on_loopback_and_bindable():
     import socket
 
-    port = multiprocess.free_port()
+    port = workers.free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
 
@@ -64,20 +64,20 @@ def test_free_port_is_on_loopback_and_bindable():
 def test_tf_config_names_every_worker_on_loopback_with_its_own_port():
     configs = [
         json.loads(c)
-        for c in multiprocess.run_workers(
+        for c in workers.run_workers(
             "tests.mp_targets:tf_config", world_size=3, timeout=60
         )
     ]
-    workers = configs[0]["cluster"]["worker"]
-    assert len(workers) == 3 and len(set(workers)) == 3
-    assert all(w.startswith("127.0.0.1:") for w in workers)
+    cluster = configs[0]["cluster"]["worker"]
+    assert len(cluster) == 3 and len(set(cluster)) == 3
+    assert all(w.startswith("127.0.0.1:") for w in cluster)
     for rank, config in enumerate(configs):
-        assert config["cluster"]["worker"] == workers
+        assert config["cluster"]["worker"] == cluster
         assert config["task"] == {"type": "worker", "index": rank}
 
 
 def test_kill_at_signal_kills_the_worker_when_it_asks(tmp_path):
-    status = multiprocess.kill_at_signal(
+    status = workers.kill_at_signal(
         "tests.mp_targets:signal_mid_work",
         timeout=60,
         env={"PID_DIR": str(tmp_path)},
@@ -89,8 +89,8 @@ def test_kill_at_signal_kills_the_worker_when_it_asks(tmp_path):
 
 
 def test_kill_at_signal_reports_a_worker_that_exits_first():
-    with pytest.raises(multiprocess.WorkerError, match="status 3 before"):
-        multiprocess.kill_at_signal("tests.mp_targets:exit_early", timeout=60)
+    with pytest.raises(workers.WorkerError, match="status 3 before"):
+        workers.kill_at_signal("tests.mp_targets:exit_early", timeout=60)
 
 
 def test_start_worker_own_session_env_over_ours_log_and_result(
@@ -102,13 +102,11 @@ def test_start_worker_own_session_env_over_ours_log_and_result(
     env = {"RANK": "0", "WORLD_SIZE": "1"}
     # The worker reports what it sees: /proc/<pid>/environ, read right after
     # Popen returns, can still be empty (exec has not set it up yet).
-    proc = multiprocess._start_worker(
-        "tests.mp_targets:environ", 0, tmp_path, env
-    )
+    proc = workers._start_worker("tests.mp_targets:environ", 0, tmp_path, env)
     try:
         assert proc.wait(timeout=60) == 0
     finally:
-        multiprocess._kill([proc])
+        workers.kill_groups([proc])
     result = json.loads((tmp_path / "result-0.json").read_text())
     assert result["sid"] == result["pid"]  # its group can be killed
     seen = result["env"]

@@ -1,7 +1,7 @@
-"""The proof matrix: verdict rules and the matrix file itself."""
+"""The proof runner: verdict rules, selection, environments, JUnit, the
+shared unit runs and the run slots."""
 
 import os
-import re
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,10 +9,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from integration_tests import topologies
-from keras_fork import pins
-from keras_fork import prove
+from integration_tests.harness import data
+from integration_tests.harness import devices
+from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
+from keras_fork.proof import fixes
+from keras_fork.proof import prove
+from keras_fork.proof import runner
+from keras_fork.proof import variants
+from keras_fork.recipe import pins
 
 
 @pytest.mark.parametrize(
@@ -31,31 +36,7 @@ from keras_fork.errors import ForkError
     ],
 )
 def test_verdicts(expect, stock, fork, stock_passed, want):
-    assert prove.verdict(expect, stock, fork, stock_passed) == want
-
-
-def test_matrix_is_valid_and_every_fix_is_proven_somewhere():
-    cells = prove.load_matrix()
-    bases = pins.load_bases(pins.Layout.default())
-    fixes = {c.fix for c in cells}
-    assert fixes
-    for fix in fixes:
-        assert any(c.fix == fix and c.expect == "proven" for c in cells), fix
-    for c in cells:
-        assert c.base in bases, c
-        assert c.expect in ("proven", "guard", "n/a")
-        assert c.expect != "n/a" or c.reason
-
-
-def test_every_fix_lists_every_topology():
-    # A cell where a backend has no such concept is "n/a" with its reason,
-    # never silently absent.
-    listed = {}
-    for c in prove.load_matrix():
-        listed.setdefault((c.base, c.fix), set()).add((c.backend, c.topology))
-    for key, cells in listed.items():
-        missing = set(topologies.TOPOLOGIES) - cells
-        assert not missing, (key, sorted(missing))
+    assert fixes.verdict(expect, stock, fork, stock_passed) == want
 
 
 def test_multi_process_topologies_leave_devices_to_the_workers():
@@ -68,76 +49,28 @@ def test_multi_process_topologies_leave_devices_to_the_workers():
 
 def test_local_part_rebuilds_the_global_batches():
     x = np.arange(48)
-    parts = [topologies.local_part(x, r, 2, 16) for r in range(2)]
+    parts = [data.local_part(x, r, 2, 16) for r in range(2)]
     for b in range(3):
         local = [p[8 * b : 8 * (b + 1)] for p in parts]
         assert np.concatenate(local).tolist() == list(
             range(16 * b, 16 * b + 16)
         )
     with pytest.raises(ValueError, match="do not split evenly"):
-        topologies.local_part(np.arange(40), 0, 2, 16)
+        data.local_part(np.arange(40), 0, 2, 16)
     with pytest.raises(ValueError, match="do not split evenly"):
-        topologies.local_part(np.arange(48), 0, 3, 16)
-
-
-def test_every_fix_has_integration_tests():
-    source = "".join(
-        p.read_text()
-        for p in (pins.REPO_ROOT / "integration_tests").glob("test_*.py")
-    )
-    marked = set(re.findall(r'pytest\.mark\.fix\(\s*"([\w-]+)"', source))
-    assert {c.fix for c in prove.load_matrix()} <= marked
-
-
-@pytest.mark.parametrize(
-    "cell, error",
-    [
-        ('"jax/64" = "proven"', "unknown cell jax/64"),
-        ('"jax/1" = "maybe"', "expectation 'maybe'"),
-        ('"jax/1" = "n/a"', "n/a needs a reason"),
-    ],
-)
-def test_bad_matrix_entries_are_refused(tmp_path, cell, error):
-    path = tmp_path / "matrix.toml"
-    path.write_text(
-        '[fixes.f]\nbases = ["3.15.1"]\n[fixes.f.cells]\n' + cell + "\n"
-    )
-    with pytest.raises(ForkError, match=re.escape(error)):
-        prove.load_matrix(path)
-
-
-def test_base_cells_replace_cells_for_their_base(tmp_path):
-    path = tmp_path / "matrix.toml"
-    path.write_text(
-        '[fixes.f]\nbases = ["3.7.0", "3.15.1"]\n'
-        '[fixes.f.cells]\n"jax/1" = "proven"\n"jax/8" = "guard"\n'
-        '[fixes.f.base_cells."3.15.1"]\n"jax/1" = "guard"\n'
-    )
-    got = {(c.base, c.topology): c.expect for c in prove.load_matrix(path)}
-    assert got == {
-        ("3.7.0", "1"): "proven",
-        ("3.7.0", "8"): "guard",
-        ("3.15.1", "1"): "guard",
-        ("3.15.1", "8"): "guard",
-    }
-    path.write_text(
-        '[fixes.f]\nbases = ["3.7.0"]\n[fixes.f.cells]\n"jax/1" = "guard"\n'
-        '[fixes.f.base_cells."3.15.1"]\n"jax/1" = "guard"\n'
-    )
-    with pytest.raises(ForkError, match="not in its bases"):
-        prove.load_matrix(path)
+        data.local_part(np.arange(48), 0, 3, 16)
 
 
 def test_filters_select_cells_and_refuse_empty_selection():
-    cells = prove.load_matrix()
+    cells = fixes.load_matrix(pins.Layout.default().fixes)
     args = SimpleNamespace(base=None, fix=None, backend=["jax"], topology=["8"])
-    chosen = prove.select(cells, args)
+    chosen = fixes.select(cells, args)
     assert chosen and all(
         (c.backend, c.topology) == ("jax", "8") for c in chosen
     )
     args.backend = ["no-such-backend"]
     with pytest.raises(ForkError, match="no matrix cell"):
-        prove.select(cells, args)
+        fixes.select(cells, args)
 
 
 def test_multi_device_topologies_set_devices_before_the_backend_starts():
@@ -161,15 +94,6 @@ def test_table_shows_na_reasons():
     assert "| - | - | n/a (why not) |" in table
 
 
-def test_readme_has_the_generated_table_markers():
-    from keras_fork import bench
-
-    text = (pins.REPO_ROOT / "README.md").read_text()
-    for marker in (prove.README_BEGIN, prove.README_END, bench.README_BEGIN,
-                   bench.README_END):  # fmt: skip
-        assert text.count(marker) == 1, marker
-
-
 def test_child_env_puts_keras_first_and_drops_cell_settings(
     monkeypatch, tmp_path
 ):
@@ -180,7 +104,7 @@ def test_child_env_puts_keras_first_and_drops_cell_settings(
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     keras_dir, overlay = tmp_path / "fork", tmp_path / "overlay"
-    env = prove.child_env(keras_dir, overlay, {"KERAS_BACKEND": "jax"})
+    env = variants.child_env(keras_dir, overlay, {"KERAS_BACKEND": "jax"})
     assert "PROOF_FIX" not in env and "XLA_FLAGS" not in env
     assert env["KERAS_BACKEND"] == "jax"
     assert env["PYTHONPATH"].split(os.pathsep) == [
@@ -188,7 +112,7 @@ def test_child_env_puts_keras_first_and_drops_cell_settings(
         str(overlay),
         str(pins.REPO_ROOT),
     ]
-    bare = prove.child_env(keras_dir, with_repo=False)
+    bare = variants.child_env(keras_dir, with_repo=False)
     assert bare["PYTHONPATH"] == str(keras_dir)
 
 
@@ -204,7 +128,7 @@ def test_read_junit_in_one_pass(tmp_path):
         '<testcase name="test_skip"><skipped message="n/a"/></testcase>'
         "</testsuite></testsuites>"
     )
-    result = prove.read_junit(path)
+    result = runner.read_junit(path)
     assert result.counts == {
         "tests": 3,
         "failures": 1,
@@ -217,7 +141,7 @@ def test_read_junit_in_one_pass(tmp_path):
         ("test_skip", "skipped", "proof"),
     ]
     assert result.first_failure == "test_bad: AssertionError: x"
-    missing = prove.read_junit(tmp_path / "none.xml")
+    missing = runner.read_junit(tmp_path / "none.xml")
     assert (missing.counts, missing.cases, missing.first_failure) == (
         {},
         [],
@@ -238,31 +162,35 @@ def test_child_env_matches_what_bisect_and_bench_built_before(
            "TF_CPP_MIN_LOG_LEVEL": "2"}  # fmt: skip
     before = dict(os.environ, PYTHONPATH=str(target), **cpu)
     del before["XLA_FLAGS"], before["PROOF_FIX"]
-    assert prove.child_env(target, topology_env=cpu, with_repo=False) == before
+    bare = variants.child_env(target, topology_env=cpu, with_repo=False)
+    assert bare == before
     topo = topologies.env_for("jax", "8", "cpu")
     before = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
     del before["XLA_FLAGS"]
     before.update(topo)
     before["PYTHONPATH"] = os.pathsep.join([str(target), str(pins.REPO_ROOT)])
-    assert prove.child_env(target, None, topo) == before  # base without overlay
+    # A base without an overlay:
+    assert variants.child_env(target, None, topo) == before
 
 
 def test_unit_cells_share_one_fork_run_per_backend(tmp_path, monkeypatch):
     def cell(fix, backend):
-        return prove.Cell("3.15.1", fix, "", backend, "unit", "proven")
+        return fixes.Cell("3.15.1", fix, "", backend, "unit", "proven")
 
     a, b, c = Path("a_test.py"), Path("b_test.py"), Path("c_test.py")
     cells = [cell("f1", "tensorflow"), cell("f2", "tensorflow")]
     cells.append(cell("f3", "jax"))
     units = {
-        cells[0].key: prove.UnitTests((a,), ("test_1",)),
-        cells[1].key: prove.UnitTests((a, b), ("test_2",)),
-        cells[2].key: prove.UnitTests((c,), ("test_3",)),
+        cells[0].key: runner.UnitTests((a,), ("test_1",)),
+        cells[1].key: runner.UnitTests((a, b), ("test_2",)),
+        cells[2].key: runner.UnitTests((c,), ("test_3",)),
     }
-    shared = prove.shared_unit_tests(cells, units)
+    shared = runner.shared_unit_tests(cells, units)
     assert shared == {
-        ("3.15.1", "tensorflow"): prove.UnitTests((a, b), ("test_1", "test_2")),
-        ("3.15.1", "jax"): prove.UnitTests((c,), ("test_3",)),
+        ("3.15.1", "tensorflow"): runner.UnitTests(
+            (a, b), ("test_1", "test_2")
+        ),
+        ("3.15.1", "jax"): runner.UnitTests((c,), ("test_3",)),
     }
 
     # A failure in b_test.py fails only the cells that own b_test.py.
@@ -276,17 +204,17 @@ def test_unit_cells_share_one_fork_run_per_backend(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
     run = {"outcome": "fail", "detail": "", "counts": {}, "junit": junit.name}
-    one = prove.cell_result(run, units[cells[0].key])
+    one = runner.cell_result(run, units[cells[0].key])
     assert (one["outcome"], one["detail"]) == ("pass", "1 passed")
     assert one["counts"]["skipped"] == 1
-    two = prove.cell_result(run, units[cells[1].key])
+    two = runner.cell_result(run, units[cells[1].key])
     assert two["outcome"] == "fail" and two["detail"].startswith("test_2")
     # No case of the cell's files ran: an error, never a pass.
-    none = prove.cell_result(run, prove.UnitTests((c,), ("test_3",)))
+    none = runner.cell_result(run, runner.UnitTests((c,), ("test_3",)))
     assert none["outcome"] == "error"
     # A shared run that could not run its tests errors every cell.
     crash = dict(run, outcome="error", detail="timed out after 660s")
-    out = prove.cell_result(crash, units[cells[0].key])
+    out = runner.cell_result(crash, units[cells[0].key])
     assert (out["outcome"], out["detail"]) == ("error", "timed out after 660s")
 
 
@@ -294,15 +222,15 @@ def test_multi_process_topologies_refuse_a_scope_in_the_test_process():
     # The test process of a multi-process cell has one device: a model it
     # trained would silently be a 1-device run, so scope() refuses.
     for backend, name in sorted(topologies.MULTI_PROCESS):
-        topology = topologies.Topology(backend, name, 2)
+        topology = devices.Topology(backend, name, 2)
         assert topology.multi_process
         with pytest.raises(RuntimeError, match="train in workers"):
             topology.scope()
-    assert not topologies.Topology("tensorflow", "mirrored-2", 2).multi_process
+    assert not devices.Topology("tensorflow", "mirrored-2", 2).multi_process
 
 
 def test_a_multi_process_run_holds_every_slot():
-    slots = prove.Slots(2)
+    slots = runner.Slots(2)
     with slots.hold(1):
         assert slots.free == 1 and slots.can_take(1)
         assert not slots.can_take(2)
@@ -316,7 +244,7 @@ def test_a_multi_process_run_holds_every_slot():
 
 
 def test_a_waiting_multi_process_run_starts_before_later_ones():
-    slots = prove.Slots(2)
+    slots = runner.Slots(2)
     started = []
     first = slots.hold(1)
     first.__enter__()

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from keras_fork import pins
-from keras_fork import prseries
-from keras_fork import sdist
-from keras_fork import series
-from keras_fork import wheel
 from keras_fork.errors import ForkError
+from keras_fork.recipe import pins
+from keras_fork.recipe import prseries
+from keras_fork.recipe import sdist
+from keras_fork.recipe import series
+from keras_fork.recipe import wheel
 from tests import fake_upstream as fake
 
 
@@ -138,7 +138,7 @@ def test_series_round_trip_is_byte_identical(upstream):
     layout, base, _ = upstream
     tree = series.materialize(layout, base)
     names = _add_fix(layout, base, tree)
-    assert names == ["Reverse-the-order.patch"]
+    assert names == ["reverse-the-order.patch"]
     before = {
         p.name: p.read_bytes()
         for p in series.series_dir(layout, base).iterdir()
@@ -399,7 +399,7 @@ def test_repo_only_patches_join_the_pr_series_but_not_the_wheel(
 
 
 def test_status_classifies_patches_by_content(upstream, tmp_path):
-    from keras_fork import status
+    from keras_fork.upstream import status
 
     layout, base, archive = upstream
     tree = series.materialize(layout, base)
@@ -416,7 +416,7 @@ def test_status_classifies_patches_by_content(upstream, tmp_path):
 def test_status_checks_a_series_cumulatively(upstream, tmp_path):
     """Patch 2 edits what patch 1 wrote: alone on the base it conflicts,
     after patch 1 it applies (a shipped series must not look broken)."""
-    from keras_fork import status
+    from keras_fork.upstream import status
 
     layout, base, archive = upstream
     tree = series.materialize(layout, base)
@@ -438,7 +438,7 @@ def test_status_checks_a_series_cumulatively(upstream, tmp_path):
 def test_status_leaves_out_test_files_the_sdist_lacks(upstream, tmp_path):
     """keras-nightly sdists ship no ``*_test.py``: a patch's test hunks are
     left out there (and said so), its source hunks still decide."""
-    from keras_fork import status
+    from keras_fork.upstream import status
 
     layout, base, archive = upstream
     tree = series.materialize(layout, base)
@@ -463,3 +463,45 @@ def test_status_leaves_out_test_files_the_sdist_lacks(upstream, tmp_path):
     assert "reversed" in (nightly / "keras/src/shuffle.py").read_text()
     (nightly / "keras/src/shuffle.py").write_text("def other():\n    pass\n")
     assert status.classify(nightly, patch).startswith("conflict (1 test")
+
+
+def test_patch_file_names_are_whole_lowercase_slugs():
+    name = series.patch_file_name(
+        "Normalize distributed losses by the step's global batch size"
+    )
+    assert name == (
+        "normalize-distributed-losses-by-the-step-s-global-batch-size.patch"
+    )
+    long = " ".join(["word"] * 30)  # 149 characters
+    cut = series.patch_file_name(long).removesuffix(".patch")
+    assert len(cut) <= series.SLUG_MAX
+    assert cut.split("-") == ["word"] * len(cut.split("-"))  # whole words
+    assert series.patch_file_name("`training`!") == "training.patch"
+
+
+SUBJECTS = [
+    "Shuffle array inputs with a private, seeded generator",
+    "Draw independent random numbers on each tf.distribute replica",
+    "Reduce the loss of an empty batch to zero, not to an empty array",
+    "Pass `training` to stateless_call in the JAX distributed demo",
+    "Dots... and more.. dots.",
+    "Ünïcode and trailing dashes --",
+]
+
+
+def test_format_patch_name_follows_git(tmp_path):
+    """The PR series names repo-only patches as git names the others: the
+    rule must give what ``git format-patch`` writes."""
+    env = series.git_env(fake.EPOCH)
+    series.git(tmp_path, "init", "-q", env=env)
+    for i, subject in enumerate(SUBJECTS):
+        (tmp_path / "f").write_text(str(i))
+        series.git(tmp_path, "add", "f", env=env)
+        series.git(tmp_path, "commit", "-qm", subject, env=env)
+    out = tmp_path / "out"
+    series.git(
+        tmp_path, "format-patch", "-q", "-o", str(out), "--root", "HEAD",
+        env=env,
+    )  # fmt: skip
+    made = [f.name[5:] for f in sorted(out.glob("*.patch"))]
+    assert made == [series.format_patch_name(s) for s in SUBJECTS]

@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from keras_fork import pins
-from keras_fork import prseries
-from keras_fork import sdist
-from keras_fork import series
-from keras_fork import wheel
+from keras_fork.recipe import pins
+from keras_fork.recipe import prseries
+from keras_fork.recipe import sdist
+from keras_fork.recipe import series
+from keras_fork.recipe import wheel
 
 pytestmark = pytest.mark.release
 LAYOUT = pins.Layout.default()

@@ -1,0 +1,178 @@
+"""Proof of steps-per-execution: several steps per call under replicas.
+
+With ``steps_per_execution > 1``, the TensorFlow trainer runs the steps of
+one call in a ``tf.while_loop`` and each step inside a ``tf.cond``. Under a
+``tf.distribute`` strategy with several replicas, the replicas cannot
+synchronize inside that ``tf.cond``: stock Keras 3.15.1 fails at the first
+call with "You must feed a value for placeholder tensor" (the error of
+keras-team/keras#19246). The fork runs the step that the loop condition has
+just checked without the ``tf.cond``. Proof: ``fit``, ``evaluate`` and
+``predict`` with 2 and 3 steps per execution equal one device with one
+step per execution, on 72 samples in batches of 16 (5 steps per epoch: the
+last call has fewer steps than ``steps_per_execution``).
+
+JAX and one TensorFlow device run unchanged: guards. The PyTorch backend
+accepts only ``steps_per_execution=1``.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+from integration_tests.harness import data
+from integration_tests.harness import devices
+from integration_tests.harness import workers
+
+pytestmark = pytest.mark.fix("steps-per-execution")
+
+GLOBAL_BATCH = 16
+NUM_SAMPLES = 72  # last batch of 8: splits evenly over 1, 2, 4, 8 devices
+EPOCHS = 2  # 10 steps
+
+# N replicas sum the same per-sample gradient terms as one device in
+# another order (per-replica partial sums, then the all-reduce): float32
+# reassociation moves each of the 10 steps by a few ulps; 1e-5 relative is
+# a wide margin (observed <= 1e-6). Running steps in another grouping does
+# not change the arithmetic of a step. A skipped or repeated step moves the
+# weights by 1e-2 or more.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _data():
+    # A private generator: the data must not depend on global RNG state.
+    rng = np.random.default_rng(19246)
+    x = rng.normal(size=(NUM_SAMPLES, 4)).astype("float32")
+    y = rng.normal(size=(NUM_SAMPLES, 1)).astype("float32")
+    return x, y
+
+
+def _run(scope, steps_per_execution, process=None):
+    """fit, evaluate and predict from fixed initial weights under ``scope``.
+
+    ``process=(rank, world_size)``: a multi-process JAX job, where this
+    process feeds its part of every global batch (``data.local_part``)
+    of the first 64 samples (4 steps per epoch: with 3 steps per execution
+    the last call still has fewer); it skips ``predict``, whose outputs
+    are each process's own rows.
+
+    Returns:
+        A dict of lists: flat weights, epoch losses and MAEs, evaluate's
+        [loss, mae], flat predictions.
+    """
+    x, y = _data()
+    batch_size = GLOBAL_BATCH
+    if process is not None:
+        (x, y), batch_size = data.process_batches(
+            (x[:64], y[:64]), GLOBAL_BATCH, process
+        )
+    with scope:
+        model = keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(3, kernel_initializer="ones"),
+                keras.layers.Dense(1, kernel_initializer="ones"),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss="mse",
+            metrics=["mae"],
+            steps_per_execution=steps_per_execution,
+        )
+        history = model.fit(
+            x,
+            y,
+            batch_size=batch_size,
+            epochs=EPOCHS,
+            shuffle=False,
+            verbose=0,
+        )
+        evaluated = model.evaluate(x, y, batch_size=batch_size, verbose=0)
+        result = {
+            "weights": np.concatenate(
+                [np.ravel(w) for w in model.get_weights()]
+            ).tolist(),
+            "loss": history.history["loss"],
+            "mae": history.history["mae"],
+            "evaluate": list(evaluated),
+        }
+        if process is None:
+            predicted = model.predict(x, batch_size=batch_size, verbose=0)
+            result["predict"] = np.ravel(predicted).tolist()
+    return result
+
+
+def _assert_same(result, expected, where=""):
+    for key in expected:
+        np.testing.assert_allclose(
+            result[key],
+            expected[key],
+            rtol=RTOL,
+            atol=ATOL,
+            err_msg=f"{where} {key}",
+        )
+
+
+@pytest.mark.parametrize("steps_per_execution", [2, 3])
+def test_steps_per_execution_matches_one_device(topology, steps_per_execution):
+    """Several steps per execution under the topology equal one device with
+    one step per execution."""
+    if topology.multi_process:
+        pytest.skip(f"{topology.name} runs the worker test")
+    expected = _run(contextlib.nullcontext(), 1)
+    _assert_same(_run(topology.scope(), steps_per_execution), expected)
+
+
+def _multiworker_runs(rank, world_size):
+    """In each worker: 2 steps per execution under MultiWorkerMirrored, and
+    one device with one step per execution."""
+    strategy = devices.multi_worker_strategy(rank)
+    return [_run(strategy.scope(), 2), _run(contextlib.nullcontext(), 1)]
+
+
+def test_multiworker_steps_per_execution_matches_one_device(topology):
+    """Two workers (one replica each) against one device in each worker.
+
+    On stock 3.15.1, ``fit`` under MultiWorkerMirroredStrategy fails before
+    the first step for another reason too (fix multiworker-fit)."""
+    if topology.name != "multiworker-2":
+        pytest.skip("multiworker-2 only")
+    runs = workers.run_workers(
+        f"{__name__}:_multiworker_runs", world_size=2, timeout=300
+    )
+    for rank, (result, expected) in enumerate(runs):
+        _assert_same(result, expected, where=f"worker {rank}")
+
+
+def _jax_process_runs(rank, world_size):
+    """In each jax/procs-2 worker: 2 and 3 steps per execution under
+    DataParallel over both processes (each feeding its part of every global
+    batch), and this process's one device with one step per execution on
+    the whole global batches."""
+    distribution = devices.jax_processes(rank, world_size)
+    process = (rank, world_size)
+    # One process feeding every row of the same 64 samples (no predict).
+    expected = _run(contextlib.nullcontext(), 1, (0, 1))
+    return {
+        spe: [_run(distribution.scope(), spe, process), expected]
+        for spe in (2, 3)
+    }
+
+
+@pytest.mark.fix("steps-per-execution", role="guard")
+def test_jax_processes_steps_per_execution_match_one_device(topology):
+    """jax/procs-2: JAX runs the steps of one call on global arrays, so
+    several steps per execution already followed one device (guard of the
+    N processes = 1 device invariant)."""
+    if topology.name != "procs-2":
+        pytest.skip("jax/procs-2 only")
+    runs = workers.run_workers(
+        f"{__name__}:_jax_process_runs", world_size=2, timeout=300
+    )
+    for rank, results in enumerate(runs):
+        for spe, (result, expected) in results.items():
+            _assert_same(
+                result, expected, where=f"process {rank}, {spe} steps:"
+            )

@@ -1,0 +1,107 @@
+"""Data helpers of the proof tests: each process's part of the global
+batches, and the custom torch training loop of Keras's DDP guide."""
+
+from __future__ import annotations
+
+
+def local_part(array, rank: int, world_size: int, global_batch: int):
+    """Rows of ``array`` that process ``rank`` feeds in a multi-process job.
+
+    Global batch ``b`` is rows ``[b * global_batch, (b + 1) * global_batch)``
+    of ``array``; process ``rank`` feeds the ``rank``-th of its
+    ``world_size`` equal parts, so that the processes' local batches, in
+    process order, make up the global batch one device would see (JAX
+    places them so: ``jax.make_array_from_process_local_data``).
+
+    Args:
+        array: NumPy array, ``(num_samples, ...)``; ``num_samples`` a
+            multiple of ``global_batch``, itself a multiple of
+            ``world_size``.
+
+    Returns:
+        NumPy array, ``(num_samples // world_size, ...)``.
+
+    Raises:
+        ValueError: the sizes do not divide.
+    """
+    import numpy as np
+
+    if len(array) % global_batch or global_batch % world_size:
+        raise ValueError(
+            f"{len(array)} samples in global batches of {global_batch} do "
+            f"not split evenly over {world_size} processes"
+        )
+    local = global_batch // world_size
+    return np.concatenate(
+        [
+            array[start + rank * local : start + (rank + 1) * local]
+            for start in range(0, len(array), global_batch)
+        ]
+    )
+
+
+def process_batches(arrays, global_batch: int, process=None):
+    """The data and batch size one process feeds to ``fit``.
+
+    Args:
+        arrays: NumPy arrays of the whole data, ``(num_samples, ...)``.
+        global_batch: the global batch size.
+        process: ``(rank, world_size)`` in a multi-process job, where each
+            process feeds its part of every global batch (``local_part``);
+            ``None`` for one process feeding everything.
+
+    Returns:
+        ``(arrays, batch_size)``: the process's rows and its batch size,
+        ``global_batch // world_size`` (``global_batch`` without
+        ``process``).
+
+    Raises:
+        ValueError: the sizes do not divide (see ``local_part``).
+    """
+    if process is None:
+        return tuple(arrays), global_batch
+    rank, world_size = process
+    parts = tuple(local_part(a, rank, world_size, global_batch) for a in arrays)
+    return parts, global_batch // world_size
+
+
+def torch_train(
+    model, optimizer, x, y, batch_size, epochs, ddp=False, on_epoch_end=None
+):
+    """Trains ``model`` in a custom torch loop, as in Keras's guide to
+    distributed training with PyTorch: per batch, the mean squared error
+    with the layers in training mode, ``backward()``, then the Keras
+    ``optimizer`` applies the gradients to the trainable variables.
+
+    Args:
+        model: a Keras model (a ``torch.nn.Module`` on the torch backend).
+        optimizer: a Keras optimizer, built here for the trainable
+            variables.
+        x, y: NumPy arrays, ``(samples, ...)`` and ``(samples, 1)``: this
+            process's rows (see ``process_batches``), fed unshuffled.
+        batch_size: rows per step (this process's part of a global batch).
+        epochs: passes over ``x``.
+        ddp: wrap the model in ``torch.nn.parallel.DistributedDataParallel``
+            (needs a process group, e.g. ``workers.torch_process_group``),
+            which averages the gradients over the processes in ``backward``.
+        on_epoch_end: called with the epoch index after each epoch (the
+            benchmark times epochs with it); ``None`` for nothing.
+    """
+    import torch
+
+    variables = model.trainable_variables
+    optimizer.build(variables)
+    # Where Keras put the model: the CPU, or this process's GPU.
+    device = variables[0].value.device
+    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    for epoch in range(epochs):
+        for start in range(0, len(x), batch_size):
+            xb = torch.as_tensor(x[start : start + batch_size], device=device)
+            yb = torch.as_tensor(y[start : start + batch_size], device=device)
+            loss = torch.mean((net(xb, training=True) - yb) ** 2)
+            loss.backward()
+            optimizer.apply([v.value.grad for v in variables], variables)
+            for v in variables:
+                v.value.grad = None
+        if on_epoch_end is not None:
+            on_epoch_end(epoch)

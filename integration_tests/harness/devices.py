@@ -1,0 +1,181 @@
+"""In-process device set-up of the proof topologies.
+
+``current()`` builds this process's devices from the environment that
+``topologies.env_for`` gave it (before the backend starts) and returns a
+``Topology`` whose ``scope()`` is the distribution context tests train
+under. ``multi_worker_strategy`` and ``jax_processes`` set up a worker
+process started by ``workers.run_workers``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+from integration_tests.harness import workers
+from integration_tests.harness.topologies import MULTI_PROCESS
+from integration_tests.harness.topologies import TOPOLOGIES
+from integration_tests.harness.topologies import on_gpu
+
+
+@dataclasses.dataclass
+class Topology:
+    """The devices of this process and how to train on them.
+
+    Attributes:
+        backend: the Keras backend.
+        name: the topology name, e.g. ``"mirrored-2"``.
+        num_replicas: number of data-parallel replicas (devices).
+        strategy: the ``tf.distribute`` strategy (TensorFlow), else None.
+    """
+
+    backend: str
+    name: str
+    num_replicas: int
+    strategy: object = None
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether the replicas are worker processes (``MULTI_PROCESS``):
+        the test process itself has one device and starts the workers."""
+        return (self.backend, self.name) in MULTI_PROCESS
+
+    def scope(self):
+        """Context under which a test creates, compiles and fits models.
+
+        Raises:
+            RuntimeError: a multi-process topology: the test process has
+                one device, so a model trained there would silently be a
+                1-device run; train in the workers instead.
+        """
+        if self.multi_process:
+            raise RuntimeError(
+                f"{self.backend}/{self.name}: the test process has one "
+                "device; train in workers (workers.run_workers)"
+            )
+        if self.strategy is not None:
+            return self.strategy.scope()
+        if self.backend == "jax" and self.num_replicas > 1:
+            return _jax_data_parallel()
+        return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _jax_data_parallel():
+    import jax
+    from keras import distribution
+
+    previous = distribution.distribution()
+    distribution.set_distribution(
+        distribution.DataParallel(devices=jax.devices())
+    )
+    try:
+        yield
+    finally:
+        distribution.set_distribution(previous)
+
+
+def multi_worker_strategy(rank: int):
+    """In a ``multiworker-2`` worker: TF_CONFIG for ``rank``, the strategy.
+
+    Call first thing in a worker started by
+    ``workers.run_workers`` (before any TensorFlow op). Collectives
+    run over gRPC on 127.0.0.1, on CPU (or the worker's GPU).
+
+    Returns:
+        A ``tf.distribute.MultiWorkerMirroredStrategy`` over all workers.
+    """
+    os.environ["TF_CONFIG"] = workers.tf_config(rank)
+    import tensorflow as tf
+
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def jax_processes(rank: int, world_size: int):
+    """In a ``jax/procs-2`` worker: joins the job, returns the distribution.
+
+    Call first thing in a worker started by ``workers.run_workers``
+    (before any JAX computation). ``keras.distribution.initialize`` starts
+    ``jax.distributed`` with the coordinator at ``MASTER_ADDR:MASTER_PORT``
+    (127.0.0.1) and agrees on one Keras seed across the processes (it sums
+    a seed drawn by each). On CPU, cross-process collectives use gloo
+    (https://docs.jax.dev/en/latest/multi_process.html); on GPU, each worker
+    sees the one GPU ``run_workers`` gives it.
+
+    Returns:
+        ``keras.distribution.DataParallel`` over every process's devices,
+        with ``auto_shard_dataset=False``: in Keras 3.15.1 a multi-process
+        JAX job is fed per-process NumPy data, each process its part of
+        every global batch (see ``local_part``).
+    """
+    import jax
+
+    if not on_gpu():
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    import keras
+
+    keras.distribution.initialize(
+        job_addresses=(
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        ),
+        num_processes=world_size,
+        process_id=rank,
+    )
+    return keras.distribution.DataParallel(
+        devices=jax.devices(), auto_shard_dataset=False
+    )
+
+
+_CURRENT = None
+
+
+def current() -> Topology:
+    """Sets up (once) and returns the topology named by the environment.
+
+    Reads ``KERAS_BACKEND``, ``PROOF_TOPOLOGY`` (default ``1``) and
+    ``PROOF_ACCELERATOR`` (default ``cpu``). TensorFlow logical devices are
+    configured here, so call it before the first TensorFlow op.
+
+    Raises:
+        RuntimeError: the process does not have the devices the topology
+            needs (e.g. XLA_FLAGS was set too late).
+    """
+    global _CURRENT
+    if _CURRENT is not None:
+        return _CURRENT
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    name = os.environ.get("PROOF_TOPOLOGY", "1")
+    gpu = on_gpu()
+    replicas, _ = TOPOLOGIES[(backend, name)]
+    strategy = None
+    if (backend, name) in MULTI_PROCESS:
+        pass  # the workers set up their own devices
+    elif backend == "jax":
+        import jax
+
+        devices = jax.devices()
+        if replicas > 1 and not gpu and len(devices) != replicas:
+            raise RuntimeError(
+                f"jax/{name} needs {replicas} devices, found {len(devices)}: "
+                "XLA_FLAGS must be set before jax starts"
+            )
+        replicas = len(devices) if replicas > 1 else 1
+    elif backend == "tensorflow" and name.startswith("mirrored-"):
+        import tensorflow as tf
+
+        if gpu:
+            gpus = tf.config.list_logical_devices("GPU")[:replicas]
+            if len(gpus) < replicas:
+                raise RuntimeError(f"{name} needs {replicas} GPUs")
+            devices = [d.name for d in gpus]
+        else:
+            (cpu,) = tf.config.list_physical_devices("CPU")
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
+            )
+            devices = [f"/cpu:{i}" for i in range(replicas)]
+        strategy = tf.distribute.MirroredStrategy(devices)
+        replicas = strategy.num_replicas_in_sync
+    _CURRENT = Topology(backend, name, replicas, strategy)
+    return _CURRENT

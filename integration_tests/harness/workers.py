@@ -1,0 +1,332 @@
+"""Run a test function in N worker processes (torch DDP, JAX multi-process).
+
+``run_workers("integration_tests.fixes.x.test_x:worker_fn", world_size=2)``
+starts ``python -m integration_tests.harness.workers`` once per rank. Each
+worker gets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free
+``MASTER_PORT`` (found by binding port 0 on 127.0.0.1), plus ``WORKER_PORTS``
+(one free port per rank, for rendezvous that address every worker, like
+TensorFlow's ``TF_CONFIG``: see ``tf_config``), calls the function with
+``(rank, world_size)`` and writes its JSON-able return value to a file.
+
+Under ``PROOF_ACCELERATOR=gpu`` each worker gets one GPU of its own
+(``CUDA_VISIBLE_DEVICES``, rank ``r`` the ``r``-th visible GPU), and torch
+process groups use NCCL instead of gloo (``torch_process_group``).
+
+Failure handling follows the MultiProcessTestCase rules: the first worker
+that exits non-zero, or the deadline, ends the run; every worker's whole
+process group is killed; the error names the worker, its exit status and
+the tail of its log. Waits are bounded; there is no sleep-based
+synchronization (workers meet in their framework's own rendezvous).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from integration_tests.harness import topologies
+
+
+class WorkerError(AssertionError):
+    """A worker failed or the run timed out; the message says which/why."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free when asked (bind to port 0).
+
+    The rendezvous binds it right after; a lost race shows up as "address
+    already in use" in the worker log.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_gpus(world_size: int) -> list[dict]:
+    """The GPU environment of each rank: under ``PROOF_ACCELERATOR=gpu``,
+    ``CUDA_VISIBLE_DEVICES`` naming one GPU a rank, the ``rank``-th of
+    this process's visible GPUs (``topologies.visible_gpus``); else none
+    (workers inherit this process's devices, on CPU none).
+
+    Returns:
+        ``world_size`` dicts of environment variables, indexed by rank.
+
+    Raises:
+        WorkerError: fewer visible GPUs than ranks.
+    """
+    if not topologies.on_gpu():
+        return [{} for _ in range(world_size)]
+    gpus = topologies.visible_gpus()
+    if len(gpus) < world_size:
+        raise WorkerError(
+            f"{world_size} workers need one GPU each; this process sees "
+            f"{len(gpus)} ({','.join(gpus) or 'none'})"
+        )
+    return [{"CUDA_VISIBLE_DEVICES": gpus[rank]} for rank in range(world_size)]
+
+
+def collective_backend() -> str:
+    """The ``torch.distributed`` backend of the workers: ``nccl`` under
+    ``PROOF_ACCELERATOR=gpu``, where each worker has one GPU
+    (``worker_gpus``), else ``gloo`` (CPU tensors). Source:
+    https://pytorch.org/docs/stable/distributed.html#which-backend-to-use
+    """
+    return "nccl" if topologies.on_gpu() else "gloo"
+
+
+def kill_groups(procs) -> None:
+    """SIGKILLs the whole process group of each running ``Popen`` of
+    ``procs`` (each started in its own session) and reaps them all."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.wait()
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text().splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _start_worker(
+    target: str, rank: int, folder: Path, env: dict
+) -> subprocess.Popen:
+    """Starts ``python -m integration_tests.harness.workers target`` as rank
+    ``rank`` in its own session (so its whole group can be killed), with
+    ``env`` over this process's environment, ``WORKER_RESULT`` in
+    ``folder`` and its output in ``folder/worker-<rank>.log``."""
+    wenv = dict(os.environ, **env)
+    wenv["WORKER_RESULT"] = str(folder / f"result-{rank}.json")
+    with open(folder / f"worker-{rank}.log", "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", __name__, target],
+            env=wenv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def run_workers(
+    target: str,
+    world_size: int = 2,
+    timeout: float = 300,
+    env: dict | None = None,
+) -> list:
+    """Runs ``target`` (``"module:function"``) on ``world_size`` ranks.
+
+    Args:
+        target: the function, called as ``fn(rank, world_size)`` in each
+            worker; it returns a JSON-serializable value.
+        world_size: number of worker processes.
+        timeout: seconds for the whole run (all workers).
+        env: extra environment variables for every worker.
+
+    Returns:
+        The return values, indexed by rank.
+
+    Raises:
+        WorkerError: a worker exited non-zero (named, with exit status and
+            log tail) or the run exceeded ``timeout``; all workers are
+            killed first. On GPUs, fewer GPUs than workers (none started).
+    """
+    gpus = worker_gpus(world_size)
+    port = free_port()
+    worker_ports = ",".join(str(free_port()) for _ in range(world_size))
+    with tempfile.TemporaryDirectory(prefix="workers.") as tmp:
+        tmp = Path(tmp)
+        procs = []
+        try:
+            for rank in range(world_size):
+                wenv = dict(
+                    {**gpus[rank], **(env or {})},
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(world_size),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                    WORKER_PORTS=worker_ports,
+                )
+                procs.append(_start_worker(target, rank, tmp, wenv))
+            _wait_all(procs, target, tmp, timeout)
+        finally:
+            kill_groups(procs)
+        return [
+            json.loads((tmp / f"result-{r}.json").read_text())
+            for r in range(world_size)
+        ]
+
+
+def _wait_all(procs, target: str, folder: Path, timeout: float) -> None:
+    """Waits for every worker to exit 0, at most ``timeout`` seconds.
+
+    Raises:
+        WorkerError: the first worker that exits non-zero (named, with its
+            exit status and log tail), or the workers still running at the
+            deadline.
+    """
+    world_size = len(procs)
+    deadline = time.monotonic() + timeout
+    pending = set(range(world_size))
+    while pending:
+        for rank in sorted(pending):
+            try:
+                code = procs[rank].wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                continue
+            pending.discard(rank)
+            if code != 0:
+                raise WorkerError(
+                    f"worker {rank}/{world_size} of {target} exited "
+                    f"with status {code}:\n"
+                    f"{_tail(folder / f'worker-{rank}.log')}"
+                )
+        if pending and time.monotonic() > deadline:
+            raise WorkerError(
+                f"workers {sorted(pending)} of {target} still running "
+                f"after {timeout:.0f}s; killed. Last log lines of "
+                f"worker {min(pending)}:\n"
+                f"{_tail(folder / f'worker-{min(pending)}.log')}"
+            )
+
+
+def kill_at_signal(
+    target: str, timeout: float = 300, env: dict | None = None
+) -> int:
+    """Runs ``target`` in one worker and kills it when it signals.
+
+    For crash drills ("kill the training process mid-epoch"): the worker
+    calls ``signal_and_wait()`` at the point where it must die; this
+    function then kills the worker's whole process group with SIGKILL, as
+    a preempted machine would, and returns once it is gone. The worker's
+    signal travels through a FIFO, so nothing here sleeps or polls a file.
+
+    Args:
+        target: ``"module:function"``, called as ``fn(0, 1)``.
+        timeout: seconds to wait for the signal.
+        env: extra environment variables for the worker.
+
+    Returns:
+        The worker's exit status (``-9``).
+
+    Raises:
+        WorkerError: the worker exited before signalling (named with its
+            status and log tail) or did not signal within ``timeout``.
+    """
+    with tempfile.TemporaryDirectory(prefix="drill.") as tmp:
+        tmp = Path(tmp)
+        fifo = tmp / "signal"
+        os.mkfifo(fifo)
+        # Non-blocking open: the read end exists before the worker starts.
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        wenv = dict(
+            env or {},
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            WORKER_SIGNAL=str(fifo),
+        )
+        log_path = tmp / "worker-0.log"
+        proc = _start_worker(target, 0, tmp, wenv)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if ready and os.read(fd, 64):
+                    break
+                if proc.poll() is not None:
+                    raise WorkerError(
+                        f"worker of {target} exited with status "
+                        f"{proc.returncode} before its kill signal:\n"
+                        f"{_tail(log_path)}"
+                    )
+                if time.monotonic() > deadline:
+                    raise WorkerError(
+                        f"worker of {target} sent no kill signal within "
+                        f"{timeout:.0f}s; killed:\n{_tail(log_path)}"
+                    )
+        finally:
+            os.close(fd)
+            kill_groups([proc])
+        return proc.returncode
+
+
+def signal_and_wait() -> None:
+    """In a ``kill_at_signal`` worker: tell the parent to kill us, and wait.
+
+    Never returns: the parent SIGKILLs this process group.
+    """
+    with open(os.environ["WORKER_SIGNAL"], "w") as fifo:
+        fifo.write("kill me\n")
+    threading.Event().wait()
+
+
+@contextlib.contextmanager
+def torch_process_group(rank: int, world_size: int, timeout: float = 60):
+    """In a ``run_workers`` worker: a torch.distributed process group, gloo
+    on CPU, NCCL over the worker's one GPU (``collective_backend``).
+
+    Rendezvous at ``MASTER_ADDR:MASTER_PORT`` (127.0.0.1, set by
+    ``run_workers``); every collective is bounded by ``timeout`` seconds;
+    the group is destroyed on exit, also after an error.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        collective_backend(),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def tf_config(rank: int) -> str:
+    """``TF_CONFIG`` JSON for worker ``rank`` of a ``run_workers`` job.
+
+    A ``tf.distribute.MultiWorkerMirroredStrategy`` cluster of
+    ``WORLD_SIZE`` workers on 127.0.0.1, one port each (``WORKER_PORTS``).
+    Set it as ``os.environ["TF_CONFIG"]`` before the strategy is created.
+    Source: https://www.tensorflow.org/guide/distributed_training#TF_CONFIG
+    """
+    ports = os.environ["WORKER_PORTS"].split(",")
+    return json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+            "task": {"type": "worker", "index": rank},
+        }
+    )
+
+
+def _main(target: str) -> None:
+    module, _, name = target.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    result = fn(rank, world)
+    Path(os.environ["WORKER_RESULT"]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

@@ -1,0 +1,535 @@
+"""One benchmark measurement in a fresh process (run by ``keras_fork.bench``).
+
+``python -m keras_fork.bench.worker <workload> <json options>`` imports
+whichever keras is first on PYTHONPATH (stock or fork), measures, and prints
+one JSON line ``{"seconds": [...], "peak_mib": float}``: one duration per
+repetition, in seconds, and the process's peak resident memory in MiB (the
+worker processes' largest, for a workload that starts workers).
+
+Timed runs go in lockstep with the benchmark (``keras_fork.bench``):
+with ``BENCH_GATE=127.0.0.1:<port>`` in the environment, the worker
+connects there (``Gate``) and runs each measured repetition only when told
+to, so that the stock and fork workers of a round, both alive, take turns
+and never run at the same time. ``BENCH_CPU=<n>`` pins the worker (and its
+threads) to CPU ``n``.
+
+With ``"work": true`` in the options, the step workloads count instead of
+timing (``python -m keras_fork bench --work``): ``"calls_per_step"``, the
+Python function calls per step of each measured repetition (``cProfile``'s
+count: every Python function and every C function called from Python,
+hence every op dispatched from Python), and ``"graph"``, the size and digest
+of the compiled step (``compiled_step``), or ``None`` where the step runs
+eagerly. Counts do not depend on the machine's load, so a difference of a
+few calls per step is resolved where a timing is not.
+"""
+
+import collections
+import cProfile
+import glob
+import hashlib
+import json
+import os
+import pstats
+import re
+import resource
+import socket
+import sys
+import tempfile
+import time
+
+
+def _result(seconds, **extra):
+    """The JSON document of a measurement: ``seconds`` (a list), this
+    process's peak resident memory in MiB, and ``extra``."""
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"seconds": seconds, "peak_mib": peak_kib / 1024, **extra}
+
+
+# Seconds a worker waits for its next turn: the other variant's longest
+# repetition (an epoch of a multi-device case) plus its start-up.
+GATE_TIMEOUT = 600
+
+
+class Gate:
+    """The worker's side of the lockstep with ``keras_fork.bench``.
+
+    A line protocol over a TCP connection to ``address`` (127.0.0.1 only),
+    ASCII, one message a line:
+
+    * worker: connects and sends ``{"ready": true}`` when it first waits
+      (its warm-up done: a process that never waits never connects);
+    * bench: ``go``, run one repetition; worker: ``{"seconds": t}``;
+    * bench closes the connection when the round is over; the worker then
+      exits (``close``), so that its teardown overlaps no measurement.
+
+    A gate made with ``address=None`` (a work count, a test) lets every
+    repetition run at once. Every wait is bounded by ``GATE_TIMEOUT``.
+    """
+
+    def __init__(self, address=None):
+        self._address = None
+        self._file = None
+        if address:
+            host, port = address.rsplit(":", 1)
+            if host != "127.0.0.1":
+                raise ValueError(f"the gate is on 127.0.0.1, not {host!r}")
+            self._address = (host, int(port))
+
+    @classmethod
+    def from_env(cls):
+        """The gate named by ``BENCH_GATE``, or a no-op one."""
+        return cls(os.environ.get("BENCH_GATE"))
+
+    def wait(self):
+        """Blocks until the benchmark says ``go``."""
+        if self._address is None:
+            return
+        if self._file is None:
+            sock = socket.create_connection(self._address, GATE_TIMEOUT)
+            self._file = sock.makefile("rw", encoding="ascii", newline="\n")
+            self._send({"ready": True})
+        line = self._file.readline()
+        if line != "go\n":
+            raise RuntimeError(f"benchmark gate: expected 'go', got {line!r}")
+
+    def report(self, seconds):
+        """Sends the duration (seconds) of the repetition just run."""
+        if self._file is not None:
+            self._send({"seconds": seconds})
+
+    def close(self):
+        """Waits for the benchmark to end the round (it closes)."""
+        if self._file is not None:
+            self._file.read()
+            self._file.close()
+
+    def _send(self, message):
+        self._file.write(json.dumps(message) + "\n")
+        self._file.flush()
+
+
+class CallCounter:
+    """Counts the Python function calls made between ``start`` and
+    ``stop`` (``cProfile``: Python functions and the C functions they call,
+    https://docs.python.org/3/library/profile.html), one count per
+    start/stop, in ``counts``. Only the calling thread is counted. A
+    counter made with ``enabled=False`` (a timed run) counts nothing."""
+
+    def __init__(self, enabled=True):
+        self.enabled = enabled
+        self.counts = []
+        self._profile = None
+
+    def start(self):
+        if self.enabled:
+            self._profile = cProfile.Profile()
+            self._profile.enable()
+
+    def stop(self):
+        if self.enabled:
+            self._profile.disable()
+            self.counts.append(pstats.Stats(self._profile).total_calls)
+
+
+_HLO_INSTRUCTION = re.compile(r"^\s+(ROOT )?%?[\w.-]+ = ")
+_HLO_LOCATION = re.compile(r", (metadata=\{[^}]*\}|stack_frame_id=\d+)")
+
+
+def canonical_hlo(text):
+    """The instructions of an HLO text dump without their source locations.
+
+    Args:
+        text: an XLA ``*after_optimizations.txt`` dump (``--xla_dump_to``
+            with ``--xla_dump_hlo_as_text``).
+
+    Returns:
+        The instruction lines, stripped, with ``metadata={...}`` and
+        ``stack_frame_id=N`` removed: those name the Python file and line
+        that emitted each op, which differ between two installs of the
+        same code.
+    """
+    return [
+        _HLO_LOCATION.sub("", line.strip())
+        for line in text.splitlines()
+        if _HLO_INSTRUCTION.match(line)
+    ]
+
+
+def _digest(lines):
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+
+
+def compiled_step(model, hlo_dump_dir):
+    """The size and digest of ``model``'s compiled training step.
+
+    * JAX: the XLA modules of the jitted ``train_step`` as compiled
+      (``*train_step*after_optimizations.txt`` in ``hlo_dump_dir``),
+      ``canonical_hlo``: ``ops`` counts instructions.
+    * TensorFlow: the graphs of the ``tf.function``\ s that
+      ``model.train_function`` closes over, with their function libraries:
+      ``ops`` counts nodes, the digest covers the count of each op type
+      (not the wiring).
+    * torch (eager): ``None``.
+
+    Returns:
+        ``{"kind": str, "ops": int, "digest": str}`` or ``None``.
+    """
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        lines = []
+        pattern = os.path.join(hlo_dump_dir, "*train_step*.txt")
+        for path in sorted(glob.glob(pattern)):
+            if path.endswith("after_optimizations.txt"):
+                with open(path) as f:
+                    lines += canonical_hlo(f.read())
+        return {"kind": "XLA HLO", "ops": len(lines), "digest": _digest(lines)}
+    if backend == "tensorflow":
+        ops = collections.Counter()
+        for fn in _tf_functions(model.train_function, set()):
+            for concrete in fn._list_all_concrete_functions():
+                graph_def = concrete.graph.as_graph_def()
+                ops.update(node.op for node in graph_def.node)
+                for f in graph_def.library.function:
+                    ops.update(node.op for node in f.node_def)
+        lines = [f"{op} {n}" for op, n in sorted(ops.items())]
+        return {
+            "kind": "TF graph",
+            "ops": sum(ops.values()),
+            "digest": _digest(lines),
+        }
+    return None
+
+
+def _tf_functions(fn, seen):
+    """The ``tf.function``\ s reachable from ``fn`` through closures
+    (Keras's TF trainer wraps them in plain Python functions)."""
+    if id(fn) in seen:
+        return []
+    seen.add(id(fn))
+    if hasattr(fn, "_list_all_concrete_functions"):
+        return [fn]
+    found = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value):
+            found += _tf_functions(value, seen)
+    return found
+
+
+def shuffle(opts, gate):
+    """Per-epoch cost of shuffling ``samples`` array samples (no data: a
+    ``(samples, 1)`` array of zeros) on the input path ``opts["path"]``,
+    one duration per epoch after an untimed first one (tracing, imports):
+
+    * ``"numpy"`` (the JAX and NumPy path): time to the first batch of a
+      new epoch, where the order is drawn (stock: ``np.random.permutation``;
+      fork: a private ``np.random.Generator``); later batches are sliced
+      alike.
+    * ``"tf"``: time to the first batch of a new pass over the
+      ``tf.data.Dataset``, created once as ``fit`` does (stock:
+      ``tf.random.shuffle``; fork: the same NumPy permutation in a
+      ``tf.numpy_function``).
+    * ``"torch"``: one whole pass over the ``DataLoader``'s batch sampler,
+      the indices of every batch without their data (stock: a
+      ``RandomSampler`` in a ``BatchSampler``, a Python int at a time;
+      fork: the NumPy permutation, sliced per batch).
+    """
+    import numpy as np
+    from keras.src.trainers.data_adapters import array_data_adapter
+
+    n = opts["samples"]
+    x = np.zeros((n, 1), "float32")
+    adapter = array_data_adapter.ArrayDataAdapter(
+        x, batch_size=opts["batch_size"], shuffle=True
+    )
+    path = opts.get("path", "numpy")
+    if path == "numpy":
+
+        def epoch():
+            next(iter(adapter.get_numpy_iterator()))
+
+    elif path == "tf":
+        dataset = adapter.get_tf_dataset()
+
+        def epoch():
+            next(iter(dataset))
+
+    elif path == "torch":
+        batch_sampler = adapter.get_torch_dataloader().batch_sampler
+
+        def epoch():
+            for _ in batch_sampler:
+                pass
+
+    else:
+        raise ValueError(f"unknown input path {path!r}")
+    epoch()
+    out = []
+    for _ in range(opts["epochs"]):
+        gate.wait()
+        start = time.perf_counter()
+        epoch()
+        out.append(time.perf_counter() - start)
+        gate.report(out[-1])
+    return out
+
+
+def _mlp(keras):
+    return keras.Sequential(
+        [
+            keras.Input((32,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+def _cnn(keras):
+    """A small CNN with BatchNormalization (moving statistics per replica
+    under tf.distribute: the fork's bn-replica-stats syncs them each epoch).
+    Input: 16x16 RGB images."""
+    return keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(16, 3, padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.Conv2D(16, 3, padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+MODELS = {"mlp": (_mlp, (32,)), "cnn": (_cnn, (16, 16, 3))}
+
+
+def _model_and_data(opts):
+    """The model builder of ``opts["model"]`` (``"mlp"`` by default) and
+    its data: ``opts["samples"]`` normal inputs and targets, ``(samples,
+    ...)`` and ``(samples, 1)``, the same in every process."""
+    import numpy as np
+
+    build, input_shape = MODELS[opts.get("model", "mlp")]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(opts["samples"], *input_shape)).astype("float32")
+    y = rng.normal(size=(opts["samples"], 1)).astype("float32")
+    return build, x, y
+
+
+def fit_step(opts, gate):
+    """Mean step time (seconds) of each epoch after the first (compilation)
+    one; ``opts["model"]`` is ``"mlp"`` (default) or ``"cnn"``. With
+    ``opts["metrics"]``, the model also tracks binary accuracy and AUC (200
+    thresholds) on 0/1 targets: their state is what the fork's
+    per-batch-logs sums over replicas every step. The epoch time includes
+    the work done at its end (e.g. the fork's sync of on-read weights).
+    With ``opts["work"]``, counts calls per step instead (module doc)."""
+    import keras
+
+    from integration_tests.harness import devices
+
+    topology = devices.current()
+    build, x, y = _model_and_data(opts)
+    steps = -(-opts["samples"] // opts["batch_size"])
+    metrics = []
+    if opts.get("metrics"):
+        y = (y > 0).astype("float32")
+        metrics = ["binary_accuracy", keras.metrics.AUC(name="auc")]
+    times = []
+    counter = CallCounter(enabled=opts.get("work", False))
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch:
+                gate.wait()
+                counter.start()
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.start)
+            if epoch:
+                counter.stop()
+                gate.report(times[-1] / steps)
+
+    with topology.scope():
+        model = build(keras)
+        model.compile(optimizer="sgd", loss="mse", metrics=metrics)
+        model.fit(
+            x,
+            y,
+            batch_size=opts["batch_size"],
+            epochs=opts["epochs"] + 1,
+            shuffle=True,
+            verbose=0,
+            callbacks=[Timer()],
+        )
+    if opts.get("work"):
+        return _result(
+            [],
+            calls_per_step=[c / steps for c in counter.counts],
+            graph=compiled_step(model, opts["hlo_dump_dir"]),
+        )
+    return [t / steps for t in times[1:]]
+
+
+def ddp_step(opts, gate):
+    """Mean step time (seconds) of each epoch after the first of a Keras
+    model trained in a torch ``DistributedDataParallel`` loop
+    (``data.torch_train``, the Keras guide's way to train on several
+    devices with PyTorch: ``Model.fit`` has no multi-device mode there) by
+    ``opts["processes"]`` gloo processes on 127.0.0.1, each feeding its part
+    of every global batch of ``opts["batch_size"]``. Per epoch, the slower
+    process's time (the all-reduce in ``backward`` keeps them in step);
+    the peak memory is the larger of the processes'. With ``opts["work"]``,
+    the calls per step of the process that makes more. In lockstep, rank 0
+    holds the gate (``gate`` is not used here) and the processes meet at a
+    barrier around each epoch, whose time is then the slower's."""
+    from integration_tests.harness import workers
+
+    runs = workers.run_workers(
+        "keras_fork.bench.worker:_ddp_worker",
+        world_size=opts["processes"],
+        timeout=600,
+        env={"BENCH_OPTS": json.dumps(opts)},
+    )
+    result = {
+        "seconds": [max(times) for times in zip(*(r["seconds"] for r in runs))],
+        "peak_mib": max(r["peak_mib"] for r in runs),
+    }
+    if opts.get("work"):
+        result["calls_per_step"] = [
+            max(calls) for calls in zip(*(r["calls_per_step"] for r in runs))
+        ]
+        result["graph"] = None
+    return result
+
+
+def _ddp_worker(rank, world_size):
+    """One process of ``ddp_step``; returns its step time per epoch and its
+    peak memory (``_result``)."""
+    import keras
+    import torch
+
+    from integration_tests.harness import data
+    from integration_tests.harness import workers
+
+    opts = json.loads(os.environ["BENCH_OPTS"])
+    build, x, y = _model_and_data(opts)
+    (x, y), batch_size = data.process_batches(
+        (x, y), opts["batch_size"], (rank, world_size)
+    )
+    times = []
+    clock = [0.0]  # when the current epoch started
+    counter = CallCounter(enabled=opts.get("work", False))
+    lockstep = "BENCH_GATE" in os.environ
+    gate = Gate.from_env() if rank == 0 else Gate()
+
+    def on_epoch_end(epoch):
+        if lockstep:
+            torch.distributed.barrier()
+        times.append(time.perf_counter() - clock[0])
+        if epoch:
+            counter.stop()
+            gate.report(times[-1] / steps)
+        if epoch < opts["epochs"]:
+            gate.wait()
+            if lockstep:
+                torch.distributed.barrier()
+            counter.start()
+            clock[0] = time.perf_counter()
+
+    steps = -(-len(x) // batch_size)
+    # Rank 1 waits at a barrier while rank 0 waits for its turn: as long as
+    # the gate may take.
+    with workers.torch_process_group(rank, world_size, GATE_TIMEOUT):
+        model = build(keras)
+        clock[0] = time.perf_counter()
+        data.torch_train(
+            model,
+            keras.optimizers.SGD(),
+            x,
+            y,
+            batch_size,
+            opts["epochs"] + 1,
+            ddp=True,
+            on_epoch_end=on_epoch_end,
+        )
+        gate.close()
+        if lockstep:
+            torch.distributed.barrier()  # rank 1 exits after the round too
+    return _result(
+        [t / steps for t in times[1:]],
+        calls_per_step=[c / steps for c in counter.counts],
+    )
+
+
+def stateless_call(opts, gate):
+    """Eager ``stateless_call`` (no gradient tracing, no ``training``):
+    seconds per call, or with ``opts["work"]`` Python calls per call."""
+    import keras
+    import numpy as np
+
+    model = _mlp(keras)
+    x = np.ones((8, 32), "float32")
+    tv = [v.value for v in model.trainable_variables]
+    ntv = [v.value for v in model.non_trainable_variables]
+    model.stateless_call(tv, ntv, x)
+    out = []
+    counter = CallCounter(enabled=opts.get("work", False))
+    for _ in range(opts["repeats"]):
+        gate.wait()
+        counter.start()
+        start = time.perf_counter()
+        for _ in range(opts["calls"]):
+            model.stateless_call(tv, ntv, x)
+        out.append((time.perf_counter() - start) / opts["calls"])
+        counter.stop()
+        gate.report(out[-1])
+    if opts.get("work"):
+        return _result(
+            [],
+            calls_per_step=[c / opts["calls"] for c in counter.counts],
+            graph=None,
+        )
+    return out
+
+
+WORKLOADS = {
+    "shuffle": shuffle,
+    "fit_step": fit_step,
+    "ddp_step": ddp_step,
+    "stateless_call": stateless_call,
+}
+
+
+if __name__ == "__main__":
+    name, opts = sys.argv[1], json.loads(sys.argv[2])
+    if os.environ.get("BENCH_CPU"):
+        # Before any framework starts its threads: they inherit the CPU.
+        os.sched_setaffinity(0, {int(os.environ["BENCH_CPU"])})
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryDirectory(prefix="bench-hlo-") as dump_dir:
+        if opts.get("work"):
+            # Before jax starts (it reads XLA_FLAGS once): dump the modules
+            # of the training step as compiled, for compiled_step.
+            os.environ["XLA_FLAGS"] = (
+                f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump_dir}"
+                " --xla_dump_hlo_as_text"
+                " --xla_dump_hlo_module_re=.*train_step.*"
+            ).strip()
+            opts["hlo_dump_dir"] = dump_dir
+        gate = Gate.from_env()
+        result = WORKLOADS[name](opts, gate)
+        gate.close()
+    if not isinstance(result, dict):
+        result = _result(result)
+    print(json.dumps(result))

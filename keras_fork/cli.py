@@ -1,0 +1,84 @@
+"""The one command line: ``python -m keras_fork <verb>`` (``--help`` on each).
+
+Verbs (the ``scripts/`` entry points call these):
+  build    materialize each base, check the series, build the wheel and the
+           PR series into dist/                          (recipe)
+  export   rewrite patches/<base>/ from the materialized tree (recipe)
+  check    fail when re-exporting the materialized tree changes patches/
+  prove    run the stock-vs-fork proof matrix            (proof)
+  bisect   every shorter prefix of each series builds and passes its tests
+  fixes    the fix catalog: bases, issue, upstream status, cells, patches
+  bench    fork/stock step time, shuffle cost, work per step (bench)
+  status   each series against its base and the newest keras-nightly
+
+A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``
+(or, for a module of several verbs, ``<verb>_arguments`` and ``<verb>``);
+``main`` returns the exit status. Bad input raises ``ForkError``: the message
+is printed without a traceback and the exit status is 2 (as for a usage
+error); outputs are written whole or not at all (``keras_fork.outputs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from keras_fork.errors import ForkError
+from keras_fork.recipe import pins
+
+# verb -> (module, one-line help)
+_RECIPE = "keras_fork.recipe.commands"
+VERBS = {
+    "build": (_RECIPE, "wheels and PR series into dist/"),
+    "export": (_RECIPE, "rewrite patches/<V> from the tree"),
+    "check": (_RECIPE, "re-export must reproduce patches/"),
+    "prove": ("keras_fork.proof.prove", "run the stock-vs-fork proof matrix"),
+    "bisect": ("keras_fork.proof.bisect", "every series prefix builds, passes"),
+    "fixes": ("keras_fork.proof.catalog", "the fix catalog and its cells"),
+    "bench": ("keras_fork.bench.bench", "fork/stock step time and work"),
+    "status": ("keras_fork.upstream.status", "each series against upstream"),
+}
+
+
+def _handlers(verb: str, module_name: str):
+    """``(add_arguments, main)`` of a verb (see the module doc)."""
+    module = importlib.import_module(module_name)
+    if hasattr(module, f"{verb}_arguments"):
+        return getattr(module, f"{verb}_arguments"), getattr(module, verb)
+    return module.add_arguments, module.main
+
+
+def parser() -> argparse.ArgumentParser:
+    """The whole command line: one subparser a verb."""
+    p = argparse.ArgumentParser(
+        prog="python -m keras_fork",
+        description="Keras fork: recipe, proof, benchmarks, upstream status.",
+    )
+    p.add_argument(
+        "--root", type=Path, default=pins.REPO_ROOT, help=argparse.SUPPRESS
+    )
+    sub = p.add_subparsers(dest="verb", required=True, metavar="<verb>")
+    for verb, (module, help_text) in VERBS.items():
+        vp = sub.add_parser(verb, help=help_text, description=help_text)
+        add_arguments, run = _handlers(verb, module)
+        add_arguments(vp)
+        vp.set_defaults(func=run)
+    return p
+
+
+def main(argv=None) -> int:
+    """Parses ``argv`` (default ``sys.argv[1:]``) and runs the verb.
+
+    Returns:
+        The verb's exit status; 2 for bad input (``ForkError``, or a usage
+        error from argparse, which exits itself).
+    """
+    args = parser().parse_args(argv)
+    layout = pins.Layout.default(args.root)
+    try:
+        return args.func(args, layout)
+    except ForkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

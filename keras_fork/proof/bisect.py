@@ -1,0 +1,356 @@
+"""The series is bisectable: every prefix builds and passes its tests.
+
+Kernel rule: one logical change per patch, and the tree builds and passes
+after every patch. For each prefix ``patches[:k]`` of a base's series this
+materializes the tree, builds the wheel, installs it into a scratch folder
+and runs, from the Keras test files that the prefix's newest patch (patch
+``k``) touches, the tests patch ``k`` adds, on every backend that runs the
+file: each patch is tested where it lands, with all the patches before it.
+``--whole-files`` runs every test of those files instead (about 13 minutes
+on 2 cores for the 3.15.1 series: trainer_test.py at prefix 2 is most of
+it); CI runs the added tests, and the whole files on the full series, where
+the proof matrix's ``unit`` cells run every test file the series touches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import as_completed
+from pathlib import Path
+
+from keras_fork.errors import ForkError
+from keras_fork.proof import variants
+from keras_fork.recipe import pins
+from keras_fork.recipe import series
+from keras_fork.recipe import wheel
+
+BACKENDS = ("jax", "tensorflow", "torch")
+
+# Keras's repository conftest.py (not in the sdist) skips the tests marked
+# ``multi_device`` unless the backend sees several devices; a backend's own
+# folder (keras/src/backend/<name>/) is tested with that backend only. The
+# bisection follows both rules, and runs the jax ``multi_device`` tests in a
+# second pass with 8 virtual CPU devices, as Keras's multi-device CI would.
+CONFTEST = """\
+# Written by keras_fork.proof.bisect: skip multi_device tests on one device.
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "multi_device: needs several devices")
+    config.addinivalue_line("markers", "requires_trainable_backend: any")
+
+
+def pytest_collection_modifyitems(config, items):
+    from keras.src.backend import backend
+
+    several = False
+    if backend() == "jax":
+        import jax
+
+        several = jax.device_count() > 1
+    if several:
+        return
+    skip = pytest.mark.skip(reason="needs several devices")
+    for item in items:
+        if "multi_device" in item.keywords:
+            item.add_marker(skip)
+"""
+JAX_DEVICES = 8
+# Seconds one prefix's pytest run may take (trainer_test.py on torch, the
+# longest, takes about 9 minutes on 2 busy cores).
+PREFIX_TIMEOUT = 1800
+
+
+def backends_for(test_file: str, backends) -> list[str]:
+    """The backends that run ``test_file`` (a path in the Keras tree).
+
+    A file under ``keras/src/backend/<name>/`` with ``<name>`` one of
+    ``BACKENDS`` runs with that backend only (it tests that backend's
+    implementation); every other file runs with each of ``backends``.
+    """
+    parts = Path(test_file).parts
+    if parts[:3] == ("keras", "src", "backend") and parts[3] in BACKENDS:
+        return [b for b in backends if b == parts[3]]
+    return list(backends)
+
+
+def touched_test_files(patches: list[Path]) -> list[str]:
+    """Paths of the ``*_test.py`` files the patches change, in order."""
+    files = []
+    for patch in patches:
+        for path in re.findall(r"^\+\+\+ b/(\S+_test\.py)$", patch.read_text(),
+                               flags=re.M):  # fmt: skip
+            if path not in files:
+                files.append(path)
+    return files
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixRun:
+    """One pytest run of one prefix: ``label`` is e.g. ``"jax, 8 devices"``."""
+
+    k: int
+    label: str
+    cmd: tuple[str, ...]
+    env: dict
+    cwd: Path
+
+
+def added_test_selection(patch: Path, test_files: list[str]) -> str:
+    """A pytest ``-k`` expression for the tests ``patch`` adds.
+
+    A touched file to which the patch adds no test function (it only edits
+    existing ones) is selected whole, by its module name.
+
+    Returns:
+        ``"test_a or test_b or loss_test"``-style text; "" when there are
+        no test files.
+    """
+    added = series.parse_patch(patch).added_tests()
+    terms = []
+    for f in test_files:
+        names = [t.partition("::")[2] for t in added if t.startswith(f + "::")]
+        terms += names or [Path(f).stem]
+    return " or ".join(dict.fromkeys(terms))
+
+
+def prepare_prefix(
+    layout, base, k, backends, tmp: Path, whole_files: bool = False
+) -> list[PrefixRun]:
+    """Materializes, builds and installs ``patches[:k]`` under ``tmp``.
+
+    Args:
+        whole_files: run every test of patch k's test files; by default
+            only the tests patch k adds (``added_test_selection``), as CI
+            does: the whole files run on the full series in the proof
+            matrix's unit cells.
+
+    Returns:
+        The pytest runs of patch k's test files (one per backend that runs
+        them, plus the jax ``multi_device`` pass on 8 devices); none when
+        the patch touches no test file.
+
+    Raises:
+        ForkError: the prefix does not apply or does not build.
+    """
+    patches = series.read_series(layout, base)[:k]
+    tree, target = _install_prefix(layout, base, patches, tmp)
+    runs = []
+    tests = touched_test_files(patches[-1:])
+    for backend in backends:
+        mine = [t for t in tests if backend in backends_for(t, backends)]
+        if not mine:
+            continue
+        work = tmp / f"tests-{backend}"
+        work.mkdir()
+        for t in mine:
+            shutil.copyfile(tree / t, work / Path(t).name)
+        (work / "pytest.ini").write_text("[pytest]\n")
+        (work / "conftest.py").write_text(CONFTEST)
+        for label, topo_env, select in _passes(backend, tree, mine):
+            env = variants.child_env(
+                target, topology_env=topo_env, with_repo=False
+            )
+            if not whole_files:
+                select = [
+                    *select,
+                    "-k",
+                    added_test_selection(patches[-1], mine),
+                ]
+            cmd = (sys.executable, "-m", "pytest", "-q", "-p",
+                   "no:cacheprovider", "--rootdir", str(work), *select,
+                   str(work))  # fmt: skip
+            runs.append(PrefixRun(k, label, cmd, env, work))
+    return runs
+
+
+def _install_prefix(layout, base, patches, tmp: Path):
+    """Materializes ``patches`` (a prefix of ``base``'s series) in a scratch
+    layout under ``tmp``, builds its wheel and installs it into
+    ``tmp/site``; returns ``(tree, site)``."""
+    tmp.mkdir(parents=True)
+    scratch = dataclasses.replace(
+        layout, patches=tmp / "patches", build=tmp / "build", dist=tmp / "dist"
+    )
+    folder = series.series_dir(scratch, base)
+    folder.mkdir(parents=True)
+    for p in patches:
+        shutil.copyfile(p, folder / p.name)
+    (folder / series.ORDER_FILE).write_text(
+        "".join(p.name + "\n" for p in patches)
+    )
+    tree = series.materialize(scratch, base)
+    whl = wheel.build(scratch, base, tree)
+    target = tmp / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+         "--disable-pip-version-check", "--target", str(target), str(whl)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return tree, target
+
+
+def _passes(backend: str, tree: Path, files: list[str]) -> list[tuple]:
+    """``(label, env, pytest selection)`` of each pytest pass of a backend:
+    one on one device, plus on jax a ``multi_device`` pass on
+    ``JAX_DEVICES`` virtual devices where a file has such tests (Keras's
+    conftest skips them on fewer than 4 devices)."""
+    topology_env = {
+        "KERAS_BACKEND": backend,
+        "CUDA_VISIBLE_DEVICES": "",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    passes = [(backend, topology_env, [])]
+    if backend == "jax" and any(
+        "multi_device" in (tree / t).read_text() for t in files
+    ):
+        flags = f"--xla_force_host_platform_device_count={JAX_DEVICES}"
+        passes.append(
+            (
+                f"{backend}, {JAX_DEVICES} devices",
+                dict(topology_env, XLA_FLAGS=flags),
+                ["-m", "multi_device"],
+            )
+        )
+    return passes
+
+
+def _test_bytes(work: Path) -> int:
+    return sum(f.stat().st_size for f in work.glob("*_test.py"))
+
+
+def run_prefix_tests(run: PrefixRun, timeout=PREFIX_TIMEOUT):
+    """Runs one ``PrefixRun``; returns ``(passed, pytest's last line)``."""
+    code, last = _pytest(list(run.cmd), run.env, run.cwd, timeout)
+    return code == 0, last
+
+
+def _pytest(cmd, env, cwd, timeout) -> tuple[int | None, str]:
+    """Runs ``cmd`` in its own process group, killed after ``timeout`` s.
+
+    Returns:
+        ``(exit code or None on timeout, pytest's last output line)``.
+    """
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None, f"timed out after {timeout:.0f}s (killed)"
+        finally:
+            # Whatever the run left behind (e.g. multi-worker test workers).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        out.seek(0)
+        text = out.read().strip().splitlines()
+    return code, (text or ["(no output)"])[-1]
+
+
+def add_arguments(p) -> None:
+    """The ``bisect`` verb's options."""
+    p.add_argument("--base", action="append")
+    p.add_argument("--backend", action="append", choices=BACKENDS)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="pytest runs at the same time (default: 2 where the machine "
+        "has 2 cores; one pytest process mostly keeps one core busy)",
+    )
+    p.add_argument(
+        "--whole-files",
+        action="store_true",
+        help="run every test of each prefix's touched test files, not only "
+        "the tests its newest patch adds (about 13 minutes on 2 cores for "
+        "the 3.15.1 series, trainer_test.py at prefix 2 most of it)",
+    )
+
+
+def main(args, layout: pins.Layout) -> int:
+    """``python -m keras_fork bisect``: every shorter prefix of each
+    selected series builds and passes the tests its newest patch adds.
+
+    Returns:
+        0 when every prefix passes, else 1.
+
+    Raises:
+        ForkError: ``--jobs`` below 1, an unknown base, a series problem.
+    """
+    from rich.console import Console
+
+    if args.jobs < 1:
+        raise ForkError("--jobs must be at least 1")
+    console = Console(stderr=True, highlight=False)
+    bad = []
+    for base in pins.select_bases(layout, args.base):
+        bad += bisect_base(layout, base, args, console)
+    for line in bad:
+        print(f"not bisectable: {line}")
+    print(f"bisect: {'failed' if bad else 'every prefix builds and passes'}")
+    return 1 if bad else 0
+
+
+def bisect_base(layout, base, args, console) -> list[str]:
+    """Builds every shorter prefix of ``base``'s series and runs its tests.
+
+    The whole series (k = n) is the fork the proof matrix's unit cells
+    already test; here every shorter prefix. Each prefix builds in its own
+    scratch folder; then their pytest runs (one per backend) go ``--jobs``
+    at a time, reported as they finish.
+
+    Returns:
+        ``"<base> prefix k/n (<backend>): <last line>"`` of each failed run.
+    """
+    n = len(series.read_series(layout, base))
+    backends = args.backend or BACKENDS
+    bad = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bisect.") as tmp,
+        ThreadPoolExecutor(args.jobs) as pool,
+    ):
+        prepared = [
+            pool.submit(
+                prepare_prefix, layout, base, k, backends,
+                Path(tmp) / f"prefix-{k}", args.whole_files,
+            )
+            for k in range(1, n)
+        ]  # fmt: skip
+        runs = {}
+        try:
+            todo = [r for f in prepared for r in f.result()]
+            # Longest first (by the size of the test files): the last run
+            # to start should be a short one.
+            todo.sort(key=lambda r: -_test_bytes(r.cwd))
+            for run in todo:
+                runs[pool.submit(run_prefix_tests, run)] = run
+            for future in as_completed(runs):
+                run = runs[future]
+                passed, last = future.result()
+                line = f"{base.version} prefix {run.k}/{n} "
+                line += f"({run.label}): {last}"
+                console.print(f"  {line}")
+                if not passed:
+                    bad.append(line)
+        except BaseException:
+            for f in [*prepared, *runs]:
+                f.cancel()  # what has not started yet
+            raise
+    console.print(
+        f"keras {base.version}: {n - 1} prefixes built, {len(runs)} test runs"
+    )
+    return bad

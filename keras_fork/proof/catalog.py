@@ -1,0 +1,273 @@
+"""``python -m keras_fork fixes``: the fix catalog as a table or JSON.
+
+One row a fix (``integration_tests/fixes/<id>/fix.toml``): its bases, its
+upstream issue, where upstream stands (the fix's ``upstream`` note, else
+the ``Forwarded`` / ``Applied-Upstream`` trailers of its patches), the
+proven / guard / n/a cell counts of the last ``dist/proof.json`` (the
+declared cells when there is none), and its patch file on each base (the
+``Fork-Fix:`` trailers of ``patches/<V>/``).
+
+``--readme`` rewrites the fix table of README.md, which is generated from
+the same folders (a test fails when it is stale).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+
+from keras_fork.outputs import replace_between
+from keras_fork.proof import fixes as fixes_lib
+from keras_fork.proof.runner import load_previous
+from keras_fork.recipe import pins
+from keras_fork.recipe import series
+
+README_BEGIN = "<!-- fix-table:begin -->"
+README_END = "<!-- fix-table:end -->"
+NOTICES_BEGIN = "<!-- notices:begin -->"
+NOTICES_END = "<!-- notices:end -->"
+COUNTED = ("proven", "guard", "n/a")
+
+
+def patches_by_fix(layout: pins.Layout) -> dict:
+    """``{fix id: {base: [PatchInfo, ...]}}`` from the ``Fork-Fix:``
+    trailers of every base's series (repo-only patches included), in
+    series order; a patch without the trailer is listed under ``None``.
+
+    Raises:
+        ForkError: a base's series cannot be read (``series.read_series``).
+    """
+    out = collections.defaultdict(lambda: collections.defaultdict(list))
+    for base in pins.load_bases(layout).values():
+        files = series.read_series(layout, base)
+        files += series.read_repo_only(layout, base)
+        for path in files:
+            info = series.parse_patch(path)
+            out[info.fix][base.version].append(info)
+    return out
+
+
+def problems(layout: pins.Layout) -> list[str]:
+    """What is inconsistent between the fix folders and the series, one
+    line each (empty when nothing is):
+
+    * a patch whose ``Fork-Fix:`` trailer is missing or names no fix
+      folder (a typo would silently turn that fix's unit cells ``n/a``);
+    * a fix with no patch on any base;
+    * a patch on a base its fix does not list in ``bases``;
+    * a fix that declares no cell for some topology on some base.
+
+    Raises:
+        ForkError: a fix folder or a series cannot be read.
+    """
+    fixes = {f.id: f for f in fixes_lib.load_fixes(layout.fixes)}
+    by_fix = patches_by_fix(layout)
+    out = []
+    for fix_id, per_base in by_fix.items():
+        for version, infos in per_base.items():
+            for info in infos:
+                if fix_id is None:
+                    out.append(f"{version}/{info.name}: no Fork-Fix trailer")
+                elif fix_id not in fixes:
+                    out.append(
+                        f"{version}/{info.name}: Fork-Fix: {fix_id} names no "
+                        f"fix folder (known: {', '.join(sorted(fixes))})"
+                    )
+                elif version not in fixes[fix_id].bases:
+                    out.append(
+                        f"{version}/{info.name}: fix {fix_id} does not list "
+                        f"base {version} in its bases"
+                    )
+    for fix in fixes.values():
+        if fix.id not in by_fix:
+            out.append(f"fix {fix.id}: no patch on any base")
+        for version, missing in fixes_lib.missing_cells(fix).items():
+            out.append(f"fix {fix.id} on {version}: no cell for {missing}")
+    return out
+
+
+def upstream_status(fix: fixes_lib.Fix, patches: dict) -> str:
+    """Where upstream stands on ``fix``: its ``upstream`` note, else what
+    its patches' DEP-3 trailers say (``Applied-Upstream``, ``Forwarded``).
+    """
+    if fix.upstream:
+        return fix.upstream
+    infos = [i for per_base in patches.values() for i in per_base]
+    applied = sorted({i.trailers.get("Applied-Upstream", "no") for i in infos})
+    forwarded = sorted({i.trailers.get("Forwarded", "no") for i in infos})
+    if applied and applied != ["no"]:
+        return f"applied upstream in {', '.join(applied)}"
+    if forwarded and forwarded != ["no"]:
+        return f"forwarded: {', '.join(forwarded)}"
+    return "open: not forwarded yet"
+
+
+def counts(fix: fixes_lib.Fix, proof: dict) -> dict:
+    """``{"proven": n, "guard": n, "n/a": n, "source": ...}`` of a fix's
+    cells: the verdicts of ``proof`` (``prove.load_previous`` of
+    ``dist/proof.json``) where it has every cell, else the declared ones
+    (``source`` says which); a ``vacuous`` or ``broken`` verdict is counted
+    under its own name."""
+    cells = fixes_lib.fix_cells(fix)
+    run = [proof.get(c.key) for c in cells]
+    if all(run):
+        verdicts = [r["verdict"] for r in run]
+        source = "dist/proof.json"
+    else:
+        verdicts = [c.expect for c in cells]
+        source = "declared"
+    tally = collections.Counter(verdicts)
+    out = {k: tally.pop(k, 0) for k in COUNTED}
+    out.update(tally)
+    out["source"] = source
+    return out
+
+
+def catalog(layout: pins.Layout, with_proof: bool = True) -> list[dict]:
+    """One dict a fix, in series order (the bases of ``bases.toml`` in
+    order, then the position of the fix's first patch): ``id``, ``bases``,
+    ``issue``, ``summary``, ``notice``, ``upstream``, ``cells`` (see
+    ``counts``; only the declared cells unless ``with_proof``) and
+    ``patches`` (``{base: [file name, ...]}``)."""
+    by_fix = patches_by_fix(layout)
+    proof = load_previous(layout.dist / "proof.json") if with_proof else {}
+    rows = []
+    for fix in fixes_lib.load_fixes(layout.fixes):
+        patches = by_fix.get(fix.id, {})
+        rows.append(
+            {
+                "id": fix.id,
+                "bases": list(fix.bases),
+                "issue": fix.issue,
+                "summary": fix.summary,
+                "notice": fix.notice,
+                "upstream": upstream_status(fix, patches),
+                "cells": counts(fix, proof),
+                "patches": {v: [i.name for i in p] for v, p in patches.items()},
+            }
+        )
+    position = _series_position(layout, by_fix)
+    return sorted(rows, key=lambda r: position.get(r["id"], (99, 0)))
+
+
+def _series_position(layout: pins.Layout, by_fix: dict) -> dict:
+    """``{fix id: (base index, patch index)}`` of each fix's first patch."""
+    out = {}
+    versions = list(pins.load_bases(layout))
+    for fix_id, per_base in by_fix.items():
+        for version, infos in per_base.items():
+            seq = [i.name for i in _series_infos(layout, version)]
+            where = (versions.index(version), seq.index(infos[0].name))
+            out[fix_id] = min(out.get(fix_id, where), where)
+    return out
+
+
+def _series_infos(layout, version):
+    base = pins.get_base(layout, version)
+    files = series.read_series(layout, base) + series.read_repo_only(
+        layout, base
+    )
+    return [series.parse_patch(p) for p in files]
+
+
+def readme_table(rows: list[dict]) -> str:
+    """The README's fix table (markdown) with the matrix totals."""
+    lines = [
+        "| fix id | bases | what it fixes | upstream issue | proven / guard "
+        "/ n/a |",
+        "|---|---|---|---|---|",
+    ]
+    total = collections.Counter()
+    for r in rows:
+        c = r["cells"]
+        total.update({k: c[k] for k in COUNTED})
+        lines.append(
+            f"| `{r['id']}` | {', '.join(r['bases'])} | {r['summary']} | "
+            f"{r['issue']} | {c['proven']} / {c['guard']} / {c['n/a']} |"
+        )
+    lines.append(
+        f"| **all** | | {len(rows)} fixes | | **{total['proven']} / "
+        f"{total['guard']} / {total['n/a']}** |"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def notices(rows: list[dict]) -> str:
+    """The README's "what a user of the wheel notices" list (markdown)."""
+    return "".join(
+        f"- **`{r['id']}`** ({', '.join(r['bases'])}): {r['notice']}\n"
+        for r in rows
+        if r["notice"]
+    )
+
+
+def write_readme(layout: pins.Layout) -> None:
+    """Rewrites README.md's generated blocks (the fix table and the
+    notices) from the fix folders, with the declared cells."""
+    rows = catalog(layout, with_proof=False)
+    readme = layout.root / "README.md"
+    replace_between(readme, README_BEGIN, README_END, readme_table(rows))
+    replace_between(readme, NOTICES_BEGIN, NOTICES_END, notices(rows))
+
+
+def add_arguments(p) -> None:
+    """The ``fixes`` verb's options."""
+    out = p.add_mutually_exclusive_group()
+    out.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a Fork-Fix trailer names no fix, a fix has no "
+        "patch, or a fix misses a cell",
+    )
+    out.add_argument(
+        "--json", action="store_true", help='print {"fixes": [{"id": ...}]}'
+    )
+    out.add_argument(
+        "--readme",
+        action="store_true",
+        help="rewrite README.md's fix table and notices (declared cells)",
+    )
+
+
+def main(args, layout: pins.Layout) -> int:
+    """``python -m keras_fork fixes``: prints the catalog (a table, or
+    JSON with ``--json``), or rewrites the README's fix table."""
+    if args.check:
+        found = problems(layout)
+        for line in found:
+            print(f"fixes: {line}")
+        print(f"fixes: {len(found)} problem(s)")
+        return 1 if found else 0
+    if args.readme:
+        write_readme(layout)
+        print(f"rewrote the fix table of {layout.root / 'README.md'}")
+        return 0
+    rows = catalog(layout)
+    if args.json:
+        print(json.dumps({"fixes": rows}, indent=2))
+        return 0
+    _print(rows)
+    return 0
+
+
+def _print(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="fixes (integration_tests/fixes/<id>/fix.toml)")
+    for col in ("fix", "bases", "issue", "upstream", "proven", "guard",
+                "n/a", "patches"):  # fmt: skip
+        t.add_column(col)
+    for r in rows:
+        c = r["cells"]
+        patches = "\n".join(
+            f"{v}: {name}"
+            for v, names in r["patches"].items()
+            for name in names
+        )
+        t.add_row(r["id"], ", ".join(r["bases"]), r["issue"], r["upstream"],
+                  str(c["proven"]), str(c["guard"]), str(c["n/a"]),
+                  patches or "-")  # fmt: skip
+    Console(highlight=False).print(t)
+    sources = {r["cells"]["source"] for r in rows}
+    print(f"cell counts from: {', '.join(sorted(sources))}")

@@ -1,0 +1,303 @@
+"""The fix catalog: one folder a fix, ``integration_tests/fixes/<id>/``.
+
+Each folder holds the fix's proof tests (``test_*.py``, marked
+``@pytest.mark.fix("<id>")``) and its ``fix.toml``:
+
+* ``id``: the fix id, the value of the ``Fork-Fix:`` trailer of its
+  patches; the folder is the id with ``-`` as ``_`` (a Python package, so
+  that worker processes can import the tests by module name);
+* ``issue``: the upstream issue, ``owner/repo#N``;
+* ``bases``: the bases whose series carry it (or, where upstream already
+  has it, whose proof cells guard it);
+* ``summary``: one line, for the fix table; ``notice``: what a user of the
+  wheel notices; ``upstream`` (optional): where upstream stands, when the
+  patches' trailers do not say it all;
+* ``[cells]``: ``"<backend>/<topology>" = "proven" | "guard" |
+  "n/a: <reason>"`` for every cell of ``harness.topologies.TOPOLOGIES``,
+  holding on each base; ``[base_cells."<V>"]`` replaces some on one base.
+  ``"n/a: @<name>"`` is a reason shared by several fixes, from
+  ``integration_tests/fixes/reasons.toml``.
+
+The proof matrix (``Cell``) is the cells of every fix on every base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+from integration_tests.harness import topologies
+from keras_fork.errors import ForkError
+
+EXPECTS = ("proven", "guard")
+REASONS_FILE = "reasons.toml"
+FIX_FILE = "fix.toml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One fix, as its ``fix.toml`` declares it (see the module doc).
+
+    Attributes:
+        cells: ``{base: {"<backend>/<topology>": "proven" | "guard" |
+            "n/a: <reason>"}}`` with shared reasons expanded.
+        folder: the fix's folder (its proof tests live there).
+    """
+
+    id: str
+    issue: str
+    bases: tuple[str, ...]
+    summary: str
+    notice: str
+    upstream: str
+    cells: dict
+    folder: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One row of the matrix (both variants run in it)."""
+
+    base: str
+    fix: str
+    issue: str
+    backend: str
+    topology: str
+    expect: str  # "proven", "guard" or "n/a"
+    reason: str = ""
+
+    @property
+    def key(self) -> tuple:
+        return (self.base, self.fix, self.backend, self.topology)
+
+    @property
+    def slug(self) -> str:
+        return f"{self.base}-{self.fix}-{self.backend}-{self.topology}"
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ForkError(f"{path} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ForkError(f"{path} is not valid TOML: {e}") from None
+
+
+def load_reasons(folder: Path) -> dict[str, str]:
+    """The shared n/a reasons, ``{name: text}``, of ``folder/reasons.toml``
+    (empty when there is none)."""
+    path = folder / REASONS_FILE
+    if not path.is_file():
+        return {}
+    return dict(_read_toml(path).get("reasons", {}))
+
+
+def _expand(path: Path, where: str, value, reasons: dict) -> str:
+    if not isinstance(value, str):
+        raise ForkError(f"{path}: cell {where}: {value!r} is not a string")
+    head, sep, reason = value.partition(":")
+    reason = reason.strip()
+    if head == "n/a" and sep and reason.startswith("@"):
+        if reason[1:] not in reasons:
+            raise ForkError(
+                f"{path}: cell {where}: no shared reason {reason!r} in "
+                f"{REASONS_FILE}; known: {sorted(reasons)}"
+            )
+        return f"n/a: {reasons[reason[1:]]}"
+    return value
+
+
+def load_fix(path: Path, reasons: dict) -> Fix:
+    """Reads one ``fix.toml``.
+
+    Raises:
+        ForkError: a missing key, a folder that is not named after the id,
+            an unknown shared reason, or ``base_cells`` for a base the fix
+            does not list.
+    """
+    data = _read_toml(path)
+    missing = [k for k in ("id", "issue", "bases", "summary") if k not in data]
+    if missing:
+        raise ForkError(f"{path}: missing {', '.join(missing)}")
+    fid = data["id"]
+    if path.parent.name != fid.replace("-", "_"):
+        raise ForkError(
+            f"{path}: the folder of fix {fid!r} must be named "
+            f"{fid.replace('-', '_')!r}"
+        )
+    bases = tuple(data["bases"])
+    by_base = data.get("base_cells", {})
+    stray = sorted(set(by_base) - set(bases))
+    if stray:
+        raise ForkError(
+            f"{path}: base_cells for {stray}, not in its bases {list(bases)}"
+        )
+    cells = {}
+    for base in bases:
+        table = {**data.get("cells", {}), **by_base.get(base, {})}
+        cells[base] = {
+            where: _expand(path, where, value, reasons)
+            for where, value in table.items()
+        }
+    return Fix(
+        id=fid,
+        issue=data["issue"],
+        bases=bases,
+        summary=data["summary"],
+        notice=data.get("notice", ""),
+        upstream=data.get("upstream", ""),
+        cells=cells,
+        folder=path.parent,
+    )
+
+
+def load_fixes(folder: Path) -> list[Fix]:
+    """Every fix of ``folder`` (``integration_tests/fixes``), by folder name.
+
+    Raises:
+        ForkError: see ``load_fix``; two folders declaring the same id.
+    """
+    reasons = load_reasons(folder)
+    fixes = [load_fix(p, reasons) for p in sorted(folder.glob(f"*/{FIX_FILE}"))]
+    ids = [f.id for f in fixes]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ForkError(f"{folder}: fix ids declared twice: {twice}")
+    return fixes
+
+
+def fix_cells(fix: Fix) -> list[Cell]:
+    """The matrix cells of ``fix``, on each of its bases.
+
+    Raises:
+        ForkError: an unknown backend/topology, or an invalid expectation.
+    """
+    cells = []
+    for base, table in fix.cells.items():
+        for where, value in table.items():
+            cells.append(_cell(fix, base, where, value))
+    return cells
+
+
+def _cell(fix: Fix, base: str, where: str, value: str) -> Cell:
+    path = fix.folder / FIX_FILE
+    backend, _, topology = where.partition("/")
+    expect, reason = value, ""
+    if value.startswith("n/a"):
+        expect, reason = "n/a", value.partition(":")[2].strip()
+        if not reason:
+            raise ForkError(f"{path}: {where}: n/a needs a reason")
+    elif value not in EXPECTS:
+        raise ForkError(
+            f"{path}: {where}: expectation {value!r} is not one of "
+            f"{EXPECTS} or 'n/a: <reason>'"
+        )
+    elif not topologies.known(backend, topology):
+        raise ForkError(
+            f"{path}: unknown cell {where}; known: "
+            f"{sorted('/'.join(k) for k in topologies.TOPOLOGIES)}"
+        )
+    return Cell(base, fix.id, fix.issue, backend, topology, expect, reason)
+
+
+def load_matrix(folder: Path) -> list[Cell]:
+    """The proof matrix: every cell of every fix of ``folder``.
+
+    Raises:
+        ForkError: see ``load_fixes`` and ``fix_cells``.
+    """
+    return [c for fix in load_fixes(folder) for c in fix_cells(fix)]
+
+
+def missing_cells(fix: Fix) -> dict[str, list[str]]:
+    """``{base: ["<backend>/<topology>", ...]}`` of the topologies a fix
+    declares no cell for (every one needs a cell, ``n/a`` with a reason
+    where it does not apply); empty when none is missing."""
+    known = {"/".join(k) for k in topologies.TOPOLOGIES}
+    out = {}
+    for base, table in fix.cells.items():
+        missing = sorted(known - set(table))
+        if missing:
+            out[base] = missing
+    return out
+
+
+def select(cells: list[Cell], args) -> list[Cell]:
+    """Cells matching every given filter (``args.base``, ``.fix``,
+    ``.backend``, ``.topology``: each a list or None).
+
+    Raises:
+        ForkError: no cell matches.
+    """
+
+    def ok(value, wanted):
+        return not wanted or value in wanted
+
+    chosen = [
+        c
+        for c in cells
+        if ok(c.base, args.base)
+        and ok(c.fix, args.fix)
+        and ok(c.backend, args.backend)
+        and ok(c.topology, args.topology)
+    ]
+    if not chosen:
+        raise ForkError("no matrix cell matches the filters")
+    return chosen
+
+
+def verdict(
+    expect: str,
+    stock: str | None,
+    fork: str | None,
+    stock_passed: tuple[str, ...] = (),
+) -> str:
+    """The cell verdict from the two variant outcomes (the contract of
+    ``dist/proof.json``).
+
+    Args:
+        expect: ``proven``, ``guard`` or ``n/a``.
+        stock, fork: ``pass``, ``fail``, ``error`` or None (not run).
+        stock_passed: the tests that passed on stock. In a ``proven`` cell
+            every proving test must fail on stock: one that passes there is
+            ``vacuous`` even when another test of the cell failed.
+
+    Returns:
+        ``proven``, ``guard``, ``vacuous``, ``broken`` or ``n/a``.
+    """
+    if expect == "n/a":
+        return "n/a"
+    if fork in ("fail", "error"):
+        return "broken"
+    if fork is None or stock is None:
+        return "n/a"
+    if stock == "error":
+        return "broken"
+    if stock == "fail":
+        return "vacuous" if expect == "proven" and stock_passed else "proven"
+    return "guard" if expect == "guard" else "vacuous"
+
+
+def short_of_gpus(cells: list[Cell], gpus: int) -> list[Cell]:
+    """The cells, where a topology needs more GPUs than the machine has
+    turned ``n/a`` with the counts as the reason (a 1-GPU machine runs no
+    multi-device cell: its replicas would share one GPU, which proves
+    nothing about N devices).
+
+    Args:
+        cells: cells to run with ``--accelerator gpu``.
+        gpus: GPUs this process may use (``topologies.visible_gpus``).
+
+    Returns:
+        The cells in the same order; cells already ``n/a`` keep their
+        reason.
+    """
+    out = []
+    for c in cells:
+        why = topologies.gpu_shortfall(c.backend, c.topology, gpus)
+        if c.expect != "n/a" and why:
+            c = dataclasses.replace(c, expect="n/a", reason=why)
+        out.append(c)
+    return out

@@ -1,0 +1,379 @@
+"""The proof matrix: stock vs fork, per base x fix x backend x topology.
+
+Each cell runs the fix's integration tests (``integration_tests/fixes/<id>/``,
+marked ``@pytest.mark.fix(id)``) twice, in two fresh processes that differ
+only in which keras is first on ``PYTHONPATH`` (``variants``): ``stock``,
+the pristine sdist, and ``fork``, the fork wheel.
+
+Verdicts (the contract of ``dist/proof.json``, ``fixes.verdict``):
+
+* ``proven``: stock fails, fork passes;
+* ``guard``: passes on both where the fix's cell says ``guard``;
+* ``vacuous``: a cell that must be ``proven`` passes on stock;
+* ``broken``: the fork fails (or a run could not execute at all);
+* ``n/a``: not run, with the reason from the fix's ``fix.toml``.
+
+Outputs: ``dist/proof.json``, ``dist/proof.md``, JUnit XML and logs per run
+under ``dist/proof/junit/``; ``--docs`` also rewrites the committed table in
+``docs/proof.md``. Runs go ``--jobs`` at a time (see ``runner``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import as_completed
+from pathlib import Path
+
+from integration_tests.harness import topologies
+from keras_fork.errors import ForkError
+from keras_fork.outputs import replace_between
+from keras_fork.outputs import write_atomic
+from keras_fork.proof import catalog
+from keras_fork.proof import fixes as fixes_lib
+from keras_fork.proof import runner
+from keras_fork.proof import variants as variants_lib
+from keras_fork.proof.fixes import Cell
+from keras_fork.proof.variants import VARIANTS
+from keras_fork.recipe import pins
+
+DOCS_BEGIN = "<!-- proof-table:begin -->"
+DOCS_END = "<!-- proof-table:end -->"
+DOCS_FILE = "proof.md"
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one ``prove`` run does: its cells, where each variant lives,
+    the unit tests of the unit cells, and the runs in start order.
+
+    ``runs``: ``(label, cell, variant, unit, junit)``; a label ending in
+    ``(shared)`` is a shared fork unit run of one base and backend.
+    """
+
+    cells: list
+    accelerator: str
+    bases: dict
+    installed: dict
+    overlays: dict
+    units: dict
+    runs: list
+    jobs: int
+
+
+def plan(args, layout: pins.Layout) -> Plan:
+    """Selects the cells, installs the variants, and orders the runs.
+
+    Raises:
+        ForkError: no cell matches, an unknown base, a missing wheel, or a
+            failed install.
+    """
+    found = catalog.problems(layout)
+    if found:
+        raise ForkError(
+            "the fix folders and the series disagree (python -m keras_fork "
+            "fixes --check):\n  " + "\n  ".join(found)
+        )
+    cells = fixes_lib.select(fixes_lib.load_matrix(layout.fixes), args)
+    accelerator = args.accelerator
+    if accelerator == "auto":
+        accelerator = variants_lib.detect_accelerator()
+    if accelerator == "gpu":
+        gpus = len(topologies.visible_gpus())
+        cells = fixes_lib.short_of_gpus(cells, gpus)
+    bases = {c.base: pins.get_base(layout, c.base) for c in cells}
+    installed = {
+        v: variants_lib.install_variants(layout, b) for v, b in bases.items()
+    }
+    overlays = {
+        v: variants_lib.install_overlay(layout, b) for v, b in bases.items()
+    }
+    units = {
+        c.key: runner.unit_tests(layout, bases[c.base], c.fix)
+        for c in cells
+        if c.topology == topologies.UNIT and c.expect != "n/a"
+    }
+    jobs = getattr(args, "jobs", None) or runner.default_jobs(accelerator)
+    p = Plan(cells, accelerator, bases, installed, overlays, units, [], jobs)
+    p.runs = _order_runs(p, args.variant or list(VARIANTS), layout)
+    return p
+
+
+def _order_runs(p: Plan, variants: list[str], layout) -> list:
+    """Every run, longest first: the shared unit runs, then the cells'
+    runs, multi-process runs last (each waits for every slot, so among
+    single-process runs it would leave a slot idle while the others
+    drain)."""
+    junit_dir = layout.dist / "proof" / "junit"
+    todo = [c for c in p.cells if c.expect != "n/a"]
+    runs = []
+    if "fork" in variants:
+        shared = runner.shared_unit_tests(todo, p.units)
+        for (version, backend), group in shared.items():
+            first = next(
+                c for c in todo
+                if (c.base, c.backend) == (version, backend)
+                and p.units.get(c.key) is not None
+            )  # fmt: skip
+            label = f"{version}-unit-{backend} fork (shared)"
+            junit = junit_dir / f"{version}-unit-{backend}-fork.xml"
+            runs.append((label, first, "fork", group, junit))
+    for cell in sorted(
+        todo,
+        key=lambda c: (c.backend, c.topology) in topologies.MULTI_PROCESS,
+    ):
+        unit = p.units.get(cell.key)
+        if unit is not None and not unit.names:
+            continue
+        for variant in variants:
+            if unit is not None and variant == "fork":
+                continue
+            junit = junit_dir / f"{cell.slug}-{variant}.xml"
+            runs.append((f"{cell.slug} {variant}", cell, variant, unit, junit))
+    return runs
+
+
+def _new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
+    """A cell's row of ``proof.json`` before its runs; a variant that is
+    not run this time keeps its last result."""
+    row = {
+        "base": cell.base,
+        "fix": cell.fix,
+        "issue": cell.issue,
+        "backend": cell.backend,
+        "topology": cell.topology,
+        "expect": cell.expect,
+        "accelerator": accelerator,
+        "stock": None,
+        "fork": None,
+        "reason": cell.reason,
+        "runs": {},
+    }
+    unit = p.units.get(cell.key)
+    if unit is not None and not unit.names:
+        row["reason"] = "the fix's patches add no unit test"
+    elif cell.expect != "n/a":
+        for variant in set(VARIANTS) - set(variants):
+            row[variant] = old.get(variant)
+            if variant in old.get("runs", {}):
+                row["runs"][variant] = old["runs"][variant]
+    return row
+
+
+def execute(p: Plan, rows: dict, timeout: float, console) -> dict:
+    """Runs ``p.runs`` ``p.jobs`` at a time, filling ``rows``' variant
+    outcomes; returns the shared unit runs, ``{(base, backend): result}``.
+    Interrupted, it cancels the runs that have not started."""
+    from rich.progress import Progress
+
+    slots = runner.Slots(p.jobs)
+
+    def run(cell: Cell, variant: str, unit, junit: Path):
+        base = p.bases[cell.base]
+        version = base.fork_version if variant == "fork" else base.version
+        whole = (cell.backend, cell.topology) in topologies.MULTI_PROCESS
+        with slots.hold(p.jobs if whole else 1):
+            return runner.run_variant(
+                cell, variant, p.installed[cell.base][variant], version,
+                junit, p.accelerator, timeout, unit, p.overlays[cell.base],
+            )  # fmt: skip
+
+    shared_runs = {}
+    with (
+        Progress(console=console, transient=False) as progress,
+        ThreadPoolExecutor(p.jobs) as pool,
+    ):
+        task = progress.add_task("proof matrix", total=len(p.runs))
+        futures = {
+            pool.submit(run, cell, variant, unit, junit): (label, cell,
+                                                           variant, unit)
+            for label, cell, variant, unit, junit in p.runs
+        }  # fmt: skip
+        try:
+            for future in as_completed(futures):
+                label, cell, variant, unit = futures[future]
+                result = future.result()
+                detail = result["detail"]
+                if label.endswith("(shared)"):
+                    shared_runs[(cell.base, cell.backend)] = result
+                    detail = f"{len(unit.files)} test files; {detail}"
+                else:
+                    rows[cell.key][variant] = result["outcome"]
+                    rows[cell.key]["runs"][variant] = result
+                progress.advance(task)
+                _print_run(console, label, result, f"({result['seconds']}s)",
+                           detail)  # fmt: skip
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return shared_runs
+
+
+def _print_run(console, label, result, when, detail):
+    style = "green" if result["outcome"] == "pass" else "red"
+    console.print(f"{label}: [{style}]{result['outcome']}[/] {when} {detail}")
+
+
+def settle(p: Plan, rows: dict, shared_runs: dict, console) -> None:
+    """Reads each unit cell's fork result off its shared run and gives
+    every row its verdict."""
+    for cell in p.cells:
+        row = rows[cell.key]
+        unit = p.units.get(cell.key)
+        group = (cell.base, cell.backend)
+        if unit is not None and group in shared_runs and unit.names:
+            fork = runner.cell_result(shared_runs[group], unit)
+            row["fork"] = fork["outcome"]
+            row["runs"]["fork"] = fork
+            _print_run(console, f"{cell.slug} fork", fork, "(shared run)",
+                       fork["detail"])  # fmt: skip
+        stock_run = row["runs"].get("stock", {})
+        # Upstream-style unit tests carry no proof/guard roles: a patch's
+        # tests may include regression guards that pass on stock, so a
+        # unit cell is proven when any of its added tests fails there.
+        stock_passed = (
+            () if unit is not None else tuple(stock_run.get("passed_tests", ()))
+        )
+        row["verdict"] = fixes_lib.verdict(
+            cell.expect, row["stock"], row["fork"], stock_passed
+        )
+        if row["verdict"] == "n/a" and not row["reason"]:
+            row["reason"] = "a variant was not run"
+
+
+def write_outputs(layout, rows: list[dict], accelerator: str, docs: bool):
+    """``dist/proof.json`` and ``dist/proof.md`` (atomically); with
+    ``docs``, the table in ``docs/proof.md`` too."""
+    proof_json = layout.dist / "proof.json"
+    write_atomic(proof_json, json.dumps({"cells": rows}, indent=2) + "\n")
+    table = render_table(rows)
+    write_atomic(layout.dist / "proof.md", "# Proof matrix\n\n" + table)
+    if docs:
+        device = "GPU" if accelerator == "gpu" else "CPU"
+        body = f"_Measured on {device}._\n\n{totals_line(rows)}\n\n{table}"
+        replace_between(layout.docs / DOCS_FILE, DOCS_BEGIN, DOCS_END, body)
+
+
+def totals_line(rows: list[dict]) -> str:
+    """``"83 proven, 42 guard, 91 n/a, 0 vacuous, 0 broken"`` of ``rows``."""
+    names = ("proven", "guard", "n/a", "vacuous", "broken")
+    counts = {n: sum(r["verdict"] == n for r in rows) for n in names}
+    return ", ".join(f"{counts[n]} {n}" for n in names)
+
+
+def _print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="proof matrix (dist/proof.json)")
+    for col in ("base", "fix", "backend", "topology", "stock", "fork",
+                "verdict"):  # fmt: skip
+        t.add_column(col)
+    colors = {"proven": "green", "guard": "cyan", "n/a": "dim"}
+    for r in rows:
+        color = colors.get(r["verdict"], "bold red")
+        t.add_row(r["base"], r["fix"], r["backend"], r["topology"],
+                  r["stock"] or "-", r["fork"] or "-",
+                  f"[{color}]{r['verdict']}[/]")  # fmt: skip
+    Console(highlight=False).print(t)
+
+
+def _report(ran: list[dict], console) -> int:
+    """Names every broken or vacuous cell; prints the closing line."""
+    bad = [r for r in ran if r["verdict"] in ("broken", "vacuous")]
+    for r in bad:
+        why = "; ".join(f"{v}: {run['detail']}" for v, run in r["runs"].items())
+        stock_passed = r["runs"].get("stock", {}).get("passed_tests")
+        if r["verdict"] == "vacuous" and stock_passed:
+            why = f"passes on stock: {', '.join(stock_passed)}"
+        console.print(
+            f"[bold red]{r['verdict']}[/]: {r['base']} {r['fix']} "
+            f"{r['backend']}/{r['topology']}: {why}"
+        )
+    # A plain closing line for CI log readers: cells, not tests.
+    good = sum(r["verdict"] in ("proven", "guard") for r in ran)
+    skipped = sum(r["verdict"] == "n/a" for r in ran)
+    print(f"proof: {good} passed, {len(bad)} failed, {skipped} skipped")
+    return 1 if bad else 0
+
+
+def main(args, layout: pins.Layout) -> int:
+    """``python -m keras_fork prove``: runs the selected cells, writes
+    ``dist/proof.*`` and refreshes the PR bodies' proof rows.
+
+    Returns:
+        0 when no selected cell is ``broken`` or ``vacuous``, else 1.
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    p = plan(args, layout)
+    previous = runner.load_previous(layout.dist / "proof.json")
+    variants = args.variant or list(VARIANTS)
+    rows = {
+        c.key: _new_row(c, p.accelerator, previous.get(c.key, {}), p, variants)
+        for c in p.cells
+    }
+    shared_runs = execute(p, rows, args.timeout, console)
+    settle(p, rows, shared_runs, console)
+    results = {**previous, **rows}
+    known = {c.key for c in fixes_lib.load_matrix(layout.fixes)}
+    table = [r for k, r in sorted(results.items()) if k in known]
+    write_outputs(layout, table, p.accelerator, args.docs)
+    _print_table(table)
+    from keras_fork.recipe import prseries
+
+    for base in p.bases.values():
+        tree = layout.tree(base.version)
+        if prseries.pr_series_dir(layout, base).is_dir() and tree.is_dir():
+            prseries.write(layout, base, tree)
+    return _report([rows[c.key] for c in p.cells], console)
+
+
+def add_arguments(p) -> None:
+    """The ``prove`` verb's filters and options."""
+    for name in ("base", "fix", "backend", "topology"):
+        p.add_argument(f"--{name}", action="append", help=f"only this {name}")
+    p.add_argument("--variant", action="append", choices=VARIANTS)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        choices=range(1, 9),
+        metavar="{1..8}",
+        help="runs at the same time (default: 1 on GPUs, where each run "
+        "takes every GPU; else 2 on 2 or more cores); a multi-process run "
+        "takes all of them",
+    )
+    p.add_argument(
+        "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600, help="per-test seconds"
+    )
+    p.add_argument(
+        "--docs",
+        "--readme",
+        dest="docs",
+        action="store_true",
+        help="also rewrite the committed proof table, docs/proof.md "
+        "(--readme: its old name)",
+    )
+
+
+def render_table(cells: list[dict]) -> str:
+    """The proof table as markdown (one row a cell)."""
+    lines = [
+        "| base | fix | backend | topology | stock | fork | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        verdict_text = c["verdict"]
+        if c["verdict"] == "n/a" and c.get("reason"):
+            verdict_text = f"n/a ({c['reason']})"
+        lines.append(
+            f"| {c['base']} | {c['fix']} | {c['backend']} | {c['topology']} "
+            f"| {c['stock'] or '-'} | {c['fork'] or '-'} | {verdict_text} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,162 @@
+"""Stock and fork keras of a base, installed side by side, and the
+environment of a process that imports one of them.
+
+``stock`` is the verified upstream sdist and ``fork`` the built wheel, each
+``pip install --no-deps --target build/variants/<V>/<variant>`` over the
+one virtual environment, so the two differ in keras only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from integration_tests.harness import topologies
+from keras_fork.errors import ForkError
+from keras_fork.recipe import pins
+from keras_fork.recipe import sdist as sdist_lib
+
+VARIANTS = ("stock", "fork")
+
+
+def detect_accelerator() -> str:
+    """``gpu`` when this process may use a GPU (``nvidia-smi -L`` lists
+    one, and ``CUDA_VISIBLE_DEVICES`` does not hide them all), else
+    ``cpu`` (``topologies.visible_gpus``)."""
+    return "gpu" if topologies.visible_gpus() else "cpu"
+
+
+def install_variants(layout: pins.Layout, base: pins.Base) -> dict[str, Path]:
+    """(Re)installs ``stock`` and ``fork`` keras of ``base`` side by side.
+
+    Stock comes from the verified sdist, fork from the built wheel, both with
+    ``pip install --no-deps --target`` so they share every other dependency.
+
+    Raises:
+        ForkError: the fork wheel is missing (run ``scripts/build``).
+    """
+    whl = layout.dist / base.wheel_name
+    if not whl.is_file():
+        raise ForkError(f"{whl} not found: run scripts/build first")
+    sources = {
+        "stock": sdist_lib.fetch(layout, base),
+        "fork": whl,
+    }
+    return {
+        variant: pip_install_target(
+            layout.variant(base.version, variant),
+            [str(source)],
+            sdist_lib.sha256_of(source),
+            f"{variant} keras {base.version}",
+        )
+        for variant, source in sources.items()
+    }
+
+
+def child_env(
+    keras_dir: Path,
+    overlay: Path | None = None,
+    topology_env: dict[str, str] | None = None,
+    *,
+    with_repo: bool = True,
+) -> dict[str, str]:
+    """The environment of a child process that imports one keras variant.
+
+    One rule for the proof cells (``run_variant``), the benchmarks
+    (``bench._measure``) and the bisection (``bisect.check_prefix``), so
+    that they see the same keras, overlay and devices. Starting from this
+    process's environment:
+
+    1. ``PROOF_*`` variables are dropped: they are the settings of one cell
+       (``run_variant`` adds the child's own afterwards).
+    2. ``XLA_FLAGS`` is dropped: a topology sets its own device count, and
+       jax reads ``XLA_FLAGS`` once, when its backend starts, so it must be
+       right in the child's initial environment
+       (https://docs.jax.dev/en/latest/xla_flags.html).
+    3. ``topology_env`` is added over it.
+    4. ``PYTHONPATH`` is replaced by ``keras_dir``, ``overlay``, the
+       repository root, in that order. ``PYTHONPATH`` entries come before
+       site-packages on ``sys.path``
+       (https://docs.python.org/3/using/cmdline.html#envvar-PYTHONPATH),
+       so this keras shadows any installed one and the overlay shadows the
+       virtual environment's packages.
+
+    Args:
+        keras_dir: where the keras variant is installed (a ``pip --target``
+            folder).
+        overlay: the base's test overlay (see ``install_overlay``), or
+            ``None`` for none.
+        topology_env: variables to set, e.g. ``topologies.env_for(...)``
+            (backend, devices); ``None`` for none.
+        with_repo: whether the repository root (``integration_tests``,
+            ``keras_fork``) goes on ``PYTHONPATH``; the bisection, which runs
+            upstream's own test files, leaves it out.
+
+    Returns:
+        A new dict, for ``subprocess``'s ``env``.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
+    env.pop("XLA_FLAGS", None)
+    env.update(topology_env or {})
+    paths = [keras_dir, overlay, pins.REPO_ROOT if with_repo else None]
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths if p)
+    return env
+
+
+def install_overlay(layout: pins.Layout, base: pins.Base) -> Path | None:
+    """Installs ``base.test_overlay`` (e.g. an older jax) for its cells.
+
+    The pins go, without their dependencies, into
+    ``build/variants/<V>/overlay``, which the cells of that base put on
+    ``PYTHONPATH`` after keras and before the venv, so they shadow the
+    venv's newer versions of the same projects.
+
+    Returns:
+        The folder, or None when the base declares no overlay.
+
+    Raises:
+        ForkError: pip could not install a pin.
+    """
+    if not base.test_overlay:
+        return None
+    pins_text = "\n".join(sorted(base.test_overlay))
+    return pip_install_target(
+        layout.variant(base.version, "overlay"),
+        list(base.test_overlay),
+        hashlib.sha256(pins_text.encode()).hexdigest(),
+        f"test overlay of {base.version}",
+    )
+
+
+def pip_install_target(dest: Path, sources: list[str], digest: str, what: str):
+    """``pip install --no-deps --target dest`` unless already there.
+
+    A stamp file holds ``digest`` (of what was installed); the install goes
+    to a temporary sibling that replaces ``dest`` only when complete.
+    """
+    stamp = dest / ".source-sha256"
+    if stamp.is_file() and stamp.read_text() == digest:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+             "--no-build-isolation", "--disable-pip-version-check",
+             "--target", str(tmp), *sources],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise ForkError(f"installing {what} failed:\n{proc.stderr[-2000:]}")
+        (tmp / ".source-sha256").write_text(digest)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest

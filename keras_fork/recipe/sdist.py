@@ -1,0 +1,130 @@
+"""The pristine upstream source: download, sha256 check, unpack.
+
+Follows the conda-forge recipe rule: the sdist is pinned by sha256 and checked
+before anything is unpacked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from keras_fork.errors import ForkError
+from keras_fork.recipe.pins import Base
+from keras_fork.recipe.pins import Layout
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check(base: Base, path: Path, origin: str) -> None:
+    actual = sha256_of(path)
+    if actual != base.sdist_sha256:
+        raise ForkError(
+            f"sha256 mismatch for {origin} {path}: expected "
+            f"{base.sdist_sha256}, got {actual}. Refusing to unpack it "
+            "(tampered or truncated download?). Delete it and run again, or "
+            "pass the genuine file with --sdist PATH."
+        )
+
+
+def _pip_download(base: Base, dest: Path) -> Path:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps",
+        "--no-binary", ":all:", "--no-build-isolation",
+        "--disable-pip-version-check", "-d", str(dest),
+        f"keras=={base.version}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = dest / base.sdist_name
+    if proc.returncode != 0 or not found.is_file():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
+        raise ForkError(
+            f"could not download keras=={base.version} from the package index "
+            f"and no cached sdist exists.\npip said:\n{tail}\n"
+            f"Without network, pass the sdist with --sdist PATH "
+            f"({base.sdist_name}, sha256 {base.sdist_sha256})."
+        )
+    return found
+
+
+def fetch(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
+    """Returns the verified sdist of ``base`` in the cache.
+
+    Args:
+        layout: where the cache is (``layout.cache``).
+        base: the pinned base.
+        sdist: an sdist file to use instead of downloading (offline builds).
+
+    Returns:
+        The path ``<cache>/keras-<version>.tar.gz``, whose sha256 matches.
+
+    Raises:
+        ForkError: hash mismatch (expected and actual are named; nothing is
+            unpacked and a bad file is never moved into the cache), or no
+            network and nothing cached.
+    """
+    layout.cache.mkdir(parents=True, exist_ok=True)
+    cached = layout.cache / base.sdist_name
+    if sdist is not None:
+        sdist = Path(sdist)
+        if not sdist.is_file():
+            raise ForkError(f"--sdist {sdist}: no such file")
+        _check(base, sdist, "the given sdist")
+        if sdist.resolve() != cached.resolve():
+            tmp = cached.with_suffix(".partial")
+            shutil.copyfile(sdist, tmp)
+            tmp.replace(cached)
+        return cached
+    if cached.is_file():
+        _check(base, cached, "the cached sdist")
+        return cached
+    with tempfile.TemporaryDirectory(dir=layout.cache) as tmp:
+        found = _pip_download(base, Path(tmp))
+        _check(base, found, "the downloaded sdist")
+        found.replace(cached)
+    return cached
+
+
+def source_date_epoch(path: Path, version: str) -> int:
+    """The upstream release time: mtime (s since epoch) of the sdist's
+    PKG-INFO. Used as SOURCE_DATE_EPOCH and as git dates, so that trees and
+    wheels are reproducible."""
+    with tarfile.open(path, "r:gz") as tar:
+        return int(tar.getmember(f"keras-{version}/PKG-INFO").mtime)
+
+
+def unpack(path: Path, version: str, dest: Path) -> None:
+    """Unpacks the sdist's ``keras-<version>/`` folder into ``dest``.
+
+    ``dest`` must not exist; it is created. Members are filtered with
+    tarfile's ``data`` filter (no absolute paths, links out of the tree, or
+    foreign owners).
+
+    Raises:
+        ForkError: the archive does not hold ``keras-<version>/``.
+    """
+    top = f"keras-{version}"
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        with tarfile.open(path, "r:gz") as tar:
+            names = tar.getnames()
+            if not names or any(
+                n != top and not n.startswith(top + "/") for n in names
+            ):
+                raise ForkError(
+                    f"{path} is not a keras {version} sdist: every member "
+                    f"must live under {top}/"
+                )
+            tar.extractall(tmp, filter="data")
+        Path(tmp, top).rename(dest)

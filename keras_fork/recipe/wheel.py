@@ -1,0 +1,159 @@
+"""The fork wheel: a drop-in ``keras`` built from the materialized tree.
+
+* distribution name ``keras``, version ``<base>+fork.<N>`` (PEP 440 local
+  label: ``keras==<base>`` and ``~=``/``==X.Y.*`` accept it);
+* built by the standard ``build`` frontend (setuptools backend of upstream's
+  own ``pyproject.toml``), without build isolation, from the pinned
+  constraints;
+* reproducible: SOURCE_DATE_EPOCH is the upstream release time and the umask
+  is 022, so two builds from the same inputs are byte-identical;
+* carries ``FORK_PATCHES.json`` in its ``.dist-info``, readable with
+  ``importlib.metadata.distribution("keras").read_text("FORK_PATCHES.json")``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from keras_fork.errors import ForkError
+from keras_fork.recipe import sdist as sdist_lib
+from keras_fork.recipe import series
+from keras_fork.recipe.pins import Base
+from keras_fork.recipe.pins import Layout
+
+MANIFEST = "FORK_PATCHES.json"
+VERSION_FILE = "keras/src/version.py"
+
+
+def _run(cmd: list[str], what: str, env=None, cwd=None) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise ForkError(f"{what} failed:\n{tail}")
+
+
+def _stage(tree: Path, dest: Path, base: Base) -> None:
+    """Exports HEAD of ``tree`` into ``dest`` with the fork version set."""
+    archive = dest.parent / "tree.tar"
+    series.git(
+        tree, "-c", "tar.umask=0022", "archive", "--format=tar",
+        "-o", str(archive), "HEAD",
+    )  # fmt: skip
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    version_py = dest / VERSION_FILE
+    text = version_py.read_text()
+    pattern = rf'^__version__ = "{re.escape(base.version)}"$'
+    new, n = re.subn(
+        pattern, f'__version__ = "{base.fork_version}"', text, flags=re.M
+    )
+    if n != 1:
+        raise ForkError(
+            f"{VERSION_FILE} of base {base.version} does not hold exactly one "
+            f'`__version__ = "{base.version}"` line; cannot set the fork label'
+        )
+    version_py.write_text(new)
+    # sdist artifacts: setuptools regenerates them from pyproject.toml.
+    (dest / "PKG-INFO").unlink(missing_ok=True)
+    for egg in dest.glob("*.egg-info"):
+        shutil.rmtree(egg)
+
+
+def patch_manifest(layout: Layout, base: Base) -> list[dict]:
+    """The ``patches`` list of ``FORK_PATCHES.json``: each patch's subject,
+    fix id, upstream issue and DEP-3 trailers, in series order. ``name`` is
+    the patch's file name in the PR series (``git format-patch``'s, without
+    the number, ``series.format_patch_name``): a reader can match it
+    against a PR, and it does not change when ``patches/<V>/`` renames a
+    file.
+
+    Raises:
+        ForkError: the series cannot be read.
+    """
+    out = []
+    for path in series.read_series(layout, base):
+        info = series.parse_patch(path)
+        name = series.format_patch_name(info.subject)
+        out.append(dict(info.manifest_entry(), name=name))
+    return out
+
+
+def _add_manifest(tmp: Path, base: Base, manifest: list, env) -> None:
+    """Writes ``FORK_PATCHES.json`` into the unpacked wheel under
+    ``tmp/unpacked`` and packs it again into ``tmp/packed``."""
+    (root,) = (tmp / "unpacked").iterdir()
+    (info,) = root.glob("*.dist-info")
+    (info / MANIFEST).write_text(
+        json.dumps(
+            {"base": base.version, "version": base.fork_version,
+             "patches": manifest},
+            indent=2, sort_keys=True,
+        ) + "\n"
+    )  # fmt: skip
+    (tmp / "packed").mkdir()
+    _run(
+        [sys.executable, "-m", "wheel", "pack", "-d",
+         str(tmp / "packed"), str(root)],
+        "repacking the wheel", env=env,
+    )  # fmt: skip
+
+
+def build(layout: Layout, base: Base, tree: Path) -> Path:
+    """Builds ``dist/keras-<base>+fork.<N>-py3-none-any.whl`` from ``tree``.
+
+    The wheel is built under ``build/`` and renamed into ``dist/``, so
+    ``dist/`` never holds a partial wheel.
+
+    Returns:
+        The wheel's path.
+
+    Raises:
+        ForkError: the build frontend, or the manifest step, failed.
+    """
+    epoch = sdist_lib.source_date_epoch(
+        layout.cache / base.sdist_name, base.version
+    )
+    manifest = patch_manifest(layout, base)
+    layout.dist.mkdir(parents=True, exist_ok=True)
+    layout.build.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
+    old_umask = os.umask(0o022)
+    try:
+        with tempfile.TemporaryDirectory(
+            dir=layout.build, prefix=".wheel."
+        ) as tmp:
+            tmp = Path(tmp)
+            stage = tmp / "src"
+            _stage(tree, stage, base)
+            _run(
+                [sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                 "--outdir", str(tmp / "built"), str(stage)],
+                f"building the wheel of base {base.version}", env=env,
+            )  # fmt: skip
+            (built,) = (tmp / "built").glob("*.whl")
+            _run(
+                [sys.executable, "-m", "wheel", "unpack", "-d",
+                 str(tmp / "unpacked"), str(built)],
+                "unpacking the wheel", env=env,
+            )  # fmt: skip
+            _add_manifest(tmp, base, manifest, env)
+            (packed,) = (tmp / "packed").glob("*.whl")
+            if packed.name != base.wheel_name:
+                raise ForkError(
+                    f"built {packed.name}, expected {base.wheel_name}"
+                )
+            # Same file system as dist/ (both in the checkout): the rename is
+            # atomic, dist/ never sees a partial wheel.
+            final = layout.dist / base.wheel_name
+            os.replace(packed, final)
+    finally:
+        os.umask(old_umask)
+    return final

@@ -1,0 +1,2 @@
+"""Where upstream stands: each series against its base and the newest
+keras-nightly (``python -m keras_fork status``)."""

@@ -1,0 +1,175 @@
+"""The fix catalog: one folder a fix, in step with the series."""
+
+import dataclasses
+import json
+import re
+import shutil
+
+import pytest
+
+from integration_tests.harness import topologies
+from keras_fork import cli
+from keras_fork.errors import ForkError
+from keras_fork.proof import catalog
+from keras_fork.proof import fixes
+from keras_fork.recipe import pins
+from keras_fork.recipe import series
+
+LAYOUT = pins.Layout.default()
+
+
+def test_the_fix_folders_and_the_series_agree():
+    """Every Fork-Fix trailer names a fix folder, every fix has a patch on
+    a base it lists, and every fix has a cell for every topology."""
+    assert catalog.problems(LAYOUT) == []
+
+
+def test_every_fix_is_proven_somewhere_and_valid():
+    cells = fixes.load_matrix(LAYOUT.fixes)
+    bases = pins.load_bases(LAYOUT)
+    ids = {c.fix for c in cells}
+    assert len(ids) == len(list(LAYOUT.fixes.glob("*/fix.toml")))
+    for fix in ids:
+        assert any(c.fix == fix and c.expect == "proven" for c in cells), fix
+    for c in cells:
+        assert c.base in bases, c
+        assert c.expect in ("proven", "guard", "n/a")
+        assert c.expect != "n/a" or (c.reason and not c.reason.startswith("@"))
+
+
+def test_every_fix_folder_holds_its_own_marked_tests():
+    for fix in fixes.load_fixes(LAYOUT.fixes):
+        source = "".join(p.read_text() for p in fix.folder.glob("test_*.py"))
+        marked = set(re.findall(r'pytest\.mark\.fix\(\s*"([\w-]+)"', source))
+        assert marked == {fix.id}, (fix.folder, marked)
+        assert (fix.folder / "__init__.py").is_file(), fix.folder
+
+
+def _scratch(tmp_path):
+    """A copy of the real fix folders and series to plant mistakes in."""
+    for name in ("patches", "integration_tests/fixes"):
+        shutil.copytree(
+            pins.REPO_ROOT / name,
+            tmp_path / name,
+            ignore=shutil.ignore_patterns("test_*.py", "__pycache__"),
+        )
+    return dataclasses.replace(
+        LAYOUT,
+        patches=tmp_path / "patches",
+        fixes=tmp_path / "integration_tests" / "fixes",
+        root=tmp_path,
+    )
+
+
+def test_a_trailer_typo_a_fix_without_patch_and_a_missing_cell_are_named(
+    tmp_path,
+):
+    layout = _scratch(tmp_path)
+    patch = (
+        layout.patches
+        / "3.15.1"
+        / series.patch_file_name(
+            "Normalize distributed losses by the step's global batch size"
+        )
+    )
+    patch.write_text(
+        patch.read_text().replace(
+            "Fork-Fix: uneven-batch", "Fork-Fix: uneven-bacth"
+        )
+    )
+    toml = layout.fixes / "replica_rng" / "fix.toml"
+    toml.write_text(toml.read_text().replace('"torch/ddp-2" = "guard"\n', ""))
+    found = "\n".join(catalog.problems(layout))
+    assert f"{patch.name}: Fork-Fix: uneven-bacth names no fix folder" in found
+    assert "fix uneven-batch: no patch on any base" in found
+    assert "fix replica-rng on 3.15.1: no cell for ['torch/ddp-2']" in found
+
+
+def _fix_toml(tmp_path, cells, extra="", folder="f"):
+    (tmp_path / folder).mkdir(exist_ok=True)
+    (tmp_path / "reasons.toml").write_text('[reasons]\nshared = "a reason"\n')
+    path = tmp_path / folder / "fix.toml"
+    path.write_text(
+        'id = "f"\nissue = "keras-team/keras#1"\nbases = ["3.7.0", "3.15.1"]\n'
+        f'summary = "s"\n[cells]\n{cells}\n{extra}'
+    )
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "cell, error",
+    [
+        ('"jax/64" = "proven"', "unknown cell jax/64"),
+        ('"jax/1" = "maybe"', "expectation 'maybe'"),
+        ('"jax/1" = "n/a"', "n/a needs a reason"),
+        ('"jax/1" = "n/a: @nope"', "no shared reason '@nope'"),
+    ],
+)
+def test_bad_cells_are_refused(tmp_path, cell, error):
+    with pytest.raises(ForkError, match=re.escape(error)):
+        fixes.load_matrix(_fix_toml(tmp_path, cell))
+
+
+def test_a_folder_not_named_after_its_fix_is_refused(tmp_path):
+    folder = _fix_toml(tmp_path, '"jax/1" = "guard"', folder="g")
+    with pytest.raises(ForkError, match="must be named 'f'"):
+        fixes.load_fixes(folder)
+
+
+def test_shared_reasons_and_base_cells(tmp_path):
+    folder = _fix_toml(
+        tmp_path,
+        '"jax/1" = "proven"\n"jax/8" = "n/a: @shared"',
+        '[base_cells."3.15.1"]\n"jax/1" = "guard"\n',
+    )
+    got = {(c.base, c.topology): (c.expect, c.reason)
+           for c in fixes.load_matrix(folder)}  # fmt: skip
+    assert got == {
+        ("3.7.0", "1"): ("proven", ""),
+        ("3.7.0", "8"): ("n/a", "a reason"),
+        ("3.15.1", "1"): ("guard", ""),
+        ("3.15.1", "8"): ("n/a", "a reason"),
+    }
+    _fix_toml(tmp_path, '"jax/1" = "guard"', '[base_cells."9.9.9"]\n')
+    with pytest.raises(ForkError, match="not in its bases"):
+        fixes.load_matrix(folder)
+
+
+def test_missing_cells_name_each_topology():
+    fix = fixes.load_fixes(LAYOUT.fixes)[0]
+    table = dict(fix.cells)
+    first = next(iter(table))
+    table[first] = {"jax/1": "guard"}
+    missing = fixes.missing_cells(dataclasses.replace(fix, cells=table))
+    assert len(missing[first]) == len(topologies.TOPOLOGIES) - 1
+
+
+def test_fixes_json_lists_every_fix_named_by_a_trailer(capsys):
+    assert cli.main(["fixes", "--json"]) == 0
+    listed = {f["id"]: f for f in json.loads(capsys.readouterr().out)["fixes"]}
+    named = set()
+    for base in pins.load_bases(LAYOUT).values():
+        for p in series.read_series(LAYOUT, base) + series.read_repo_only(
+            LAYOUT, base
+        ):
+            named.add(series.parse_patch(p).fix)
+    assert named == set(listed)
+    row = listed["uneven-batch"]
+    assert row["patches"] == {
+        "3.15.1": [
+            "normalize-distributed-losses-by-the-step-s-global-batch-size.patch"
+        ]
+    }
+    assert set(row["cells"]) >= {"proven", "guard", "n/a", "source"}
+    assert listed["aggregation-none"]["upstream"].startswith("fixed upstream")
+
+
+def test_fixes_check_fails_on_a_planted_problem(tmp_path, capsys):
+    layout = _scratch(tmp_path)
+    (layout.fixes / "extra_fix").mkdir()
+    (layout.fixes / "extra_fix" / "fix.toml").write_text(
+        'id = "extra-fix"\nissue = "x#1"\nbases = ["3.15.1"]\nsummary = "s"\n'
+    )
+    args = cli.parser().parse_args(["fixes", "--check"])
+    assert catalog.main(args, layout) == 1
+    assert "fix extra-fix: no patch on any base" in capsys.readouterr().out

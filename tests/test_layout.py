@@ -1,0 +1,113 @@
+"""The house rules: layering, function length, README size, generated
+blocks in sync with their sources."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from keras_fork.bench import bench
+from keras_fork.proof import catalog
+from keras_fork.proof import prove
+from keras_fork.recipe import pins
+
+ROOT = pins.REPO_ROOT
+MAX_FUNCTION_LINES = 60
+README_MAX_LINES = 200
+
+
+def test_layering_contracts_hold():
+    """setup.cfg's import-linter contracts: the harness imports nothing of
+    the tool, the tool no test module, the proof tests not the tool, the
+    tool's layers, and no import cycle in any package (imports inside
+    functions included)."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run(
+        [str(lint), "setup.cfg", "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def _not_test_code():
+    """Every Python file outside tests: the tool, the harness, the proof
+    suite's conftest and the fixes' packages (their test_*.py are tests)."""
+    files = list((ROOT / "keras_fork").rglob("*.py"))
+    for p in (ROOT / "integration_tests").rglob("*.py"):
+        if not p.name.startswith("test_"):
+            files.append(p)
+    return sorted(files)
+
+
+def _long_functions(path: Path):
+    """``(line, name, length)`` of each function of ``path`` over the
+    limit."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            length = node.end_lineno - first + 1
+            if length > MAX_FUNCTION_LINES:
+                yield first, node.name, length
+
+
+def test_no_function_outside_tests_is_over_60_lines():
+    """Counted from the first decorator (or ``def``) to the last line,
+    docstring included."""
+    files = _not_test_code()
+    assert any(p.name == "prove.py" for p in files)
+    too_long = [
+        f"{p.relative_to(ROOT)}:{line} {name}: {length} lines"
+        for p in files
+        for line, name, length in _long_functions(p)
+    ]
+    assert not too_long, too_long
+
+
+def test_the_function_length_check_sees_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    path = tmp_path / "long.py"
+    path.write_text(f"@decorated\ndef f():\n{body}\n")
+    assert list(_long_functions(path)) == [(1, "f", MAX_FUNCTION_LINES + 2)]
+
+
+def test_readme_is_a_front_door_of_at_most_200_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, len(lines)
+
+
+def _between(text: str, begin: str, end: str) -> str:
+    assert text.count(begin) == 1 and text.count(end) == 1, (begin, end)
+    return text.partition(begin)[2].partition(end)[0]
+
+
+def test_readme_blocks_are_generated_from_the_fix_folders():
+    """Stale after a fix folder changed: run
+    ``python -m keras_fork fixes --readme``."""
+    rows = catalog.catalog(pins.Layout.default(), with_proof=False)
+    text = (ROOT / "README.md").read_text()
+    table = _between(text, catalog.README_BEGIN, catalog.README_END)
+    assert table == "\n" + catalog.readme_table(rows)
+    notices = _between(text, catalog.NOTICES_BEGIN, catalog.NOTICES_END)
+    assert notices == "\n" + catalog.notices(rows)
+
+
+@pytest.mark.parametrize(
+    "doc, markers",
+    [
+        ("proof.md", (prove.DOCS_BEGIN, prove.DOCS_END)),
+        ("benchmarks.md", (bench.DOCS_BEGIN, bench.DOCS_END)),
+        ("benchmarks.md", (bench.WORK_BEGIN, bench.WORK_END)),
+    ],
+)
+def test_docs_have_the_generated_table_markers(doc, markers):
+    text = (ROOT / "docs" / doc).read_text()
+    _between(text, *markers)
+    readme = (ROOT / "README.md").read_text()
+    for marker in markers:
+        assert marker not in readme, "measurements go to docs/, not README"
