@@ -8,6 +8,7 @@ Verbs (the ``scripts/`` entry points call these):
   prove    run the stock-vs-fork proof matrix            (proof)
   bisect   every shorter prefix of each series builds and passes its tests
   fixes    the fix catalog: bases, issue, upstream status, cells, patches
+  timings  where the last scripts/test run's time went (dist/timings.json)
   bench    fork/stock step time, shuffle cost, work per step (bench)
   status   each series against its base and the newest keras-nightly
 
@@ -37,6 +38,7 @@ VERBS = {
     "prove": ("keras_fork.proof.prove", "run the stock-vs-fork proof matrix"),
     "bisect": ("keras_fork.proof.bisect", "every series prefix builds, passes"),
     "fixes": ("keras_fork.proof.catalog", "the fix catalog and its cells"),
+    "timings": ("keras_fork.proof.timings", "where a test run's time went"),
     "bench": ("keras_fork.bench.bench", "fork/stock step time and work"),
     "status": ("keras_fork.upstream.status", "each series against upstream"),
 }

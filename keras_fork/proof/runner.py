@@ -106,10 +106,12 @@ def cell_result(shared_run: dict, unit: UnitTests) -> dict:
         A ``run_variant``-shaped dict for the cell's files only: ``error``
         when the shared run could not run the tests (crash, timeout,
         collection error) or none of the cell's tests ran, ``fail`` when
-        one of its cases failed, else ``pass``; ``shared`` names the run.
+        one of its cases failed, else ``pass``; ``shared`` names the run
+        and ``shared_seconds`` is its wall time.
     """
     out = {
         "shared": shared_run["junit"],
+        "shared_seconds": shared_run.get("seconds", 0.0),
         "seconds": 0.0,
         "junit": shared_run["junit"],
         "passed_tests": [],
