@@ -14,6 +14,8 @@ from integration_tests.harness import devices
 from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 from keras_fork.proof import fixes
+from keras_fork.proof import groups
+from keras_fork.proof import junit
 from keras_fork.proof import prove
 from keras_fork.proof import runner
 from keras_fork.proof import variants
@@ -128,7 +130,7 @@ def test_read_junit_in_one_pass(tmp_path):
         '<testcase name="test_skip"><skipped message="n/a"/></testcase>'
         "</testsuite></testsuites>"
     )
-    result = runner.read_junit(path)
+    result = junit.read_junit(path)
     assert result.counts == {
         "tests": 3,
         "failures": 1,
@@ -141,7 +143,7 @@ def test_read_junit_in_one_pass(tmp_path):
         ("test_skip", "skipped", "proof"),
     ]
     assert result.first_failure == "test_bad: AssertionError: x"
-    missing = runner.read_junit(tmp_path / "none.xml")
+    missing = junit.read_junit(tmp_path / "none.xml")
     assert (missing.counts, missing.cases, missing.first_failure) == (
         {},
         [],
@@ -173,7 +175,9 @@ def test_child_env_matches_what_bisect_and_bench_built_before(
     assert variants.child_env(target, None, topo) == before
 
 
-def test_unit_cells_share_one_fork_run_per_backend(tmp_path, monkeypatch):
+def test_unit_cells_share_one_run_per_backend_and_variant(
+    tmp_path, monkeypatch
+):
     def cell(fix, backend):
         return fixes.Cell("3.15.1", fix, "", backend, "unit", "proven")
 
@@ -181,21 +185,23 @@ def test_unit_cells_share_one_fork_run_per_backend(tmp_path, monkeypatch):
     cells = [cell("f1", "tensorflow"), cell("f2", "tensorflow")]
     cells.append(cell("f3", "jax"))
     units = {
-        cells[0].key: runner.UnitTests((a,), ("test_1",)),
-        cells[1].key: runner.UnitTests((a, b), ("test_2",)),
-        cells[2].key: runner.UnitTests((c,), ("test_3",)),
+        cells[0].key: groups.UnitTests((a,), ("test_1",)),
+        cells[1].key: groups.UnitTests((a, b), ("test_2",)),
+        cells[2].key: groups.UnitTests((c,), ("test_3",)),
     }
-    shared = runner.shared_unit_tests(cells, units)
-    assert shared == {
-        ("3.15.1", "tensorflow"): runner.UnitTests(
-            (a, b), ("test_1", "test_2")
-        ),
-        ("3.15.1", "jax"): runner.UnitTests((c,), ("test_3",)),
-    }
+    planned = groups.plan_groups(cells, units, ["stock", "fork"])
+    assert [(g.variant, g.backend, g.fixes) for g in planned] == [
+        ("stock", "tensorflow", ("f1", "f2")),
+        ("fork", "tensorflow", ("f1", "f2")),
+        ("stock", "jax", ("f3",)),
+        ("fork", "jax", ("f3",)),
+    ]
+    fork = planned[1]
+    assert fork.unit == groups.UnitTests((a, b), ("test_1", "test_2"))
 
     # A failure in b_test.py fails only the cells that own b_test.py.
-    junit = tmp_path / "shared.xml"
-    junit.write_text(
+    xml = tmp_path / "shared.xml"
+    xml.write_text(
         '<testsuites><testsuite tests="3" failures="1">'
         '<testcase name="test_1" file="a_test.py"/>'
         '<testcase name="test_x" file="a_test.py"><skipped/></testcase>'
@@ -203,19 +209,81 @@ def test_unit_cells_share_one_fork_run_per_backend(tmp_path, monkeypatch):
         "</testcase></testsuite></testsuites>"
     )
     monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
-    run = {"outcome": "fail", "detail": "", "counts": {}, "junit": junit.name}
-    one = runner.cell_result(run, units[cells[0].key])
+    run = {"outcome": "fail", "detail": "", "counts": {}, "junit": xml.name,
+           "seconds": 9.0}  # fmt: skip
+    one = groups.cell_result(fork, cells[0], run)
     assert (one["outcome"], one["detail"]) == ("pass", "1 passed")
     assert one["counts"]["skipped"] == 1
-    two = runner.cell_result(run, units[cells[1].key])
+    assert (one["shared"], one["shared_seconds"]) == (xml.name, 9.0)
+    two = groups.cell_result(fork, cells[1], run)
     assert two["outcome"] == "fail" and two["detail"].startswith("test_2")
+    # On stock a cell owns only its own added tests: test_2 in a_test.py
+    # would not be f1's.
+    stock = planned[0]
+    assert groups.cell_result(stock, cells[0], run)["counts"]["tests"] == 1
     # No case of the cell's files ran: an error, never a pass.
-    none = runner.cell_result(run, runner.UnitTests((c,), ("test_3",)))
-    assert none["outcome"] == "error"
-    # A shared run that could not run its tests errors every cell.
-    crash = dict(run, outcome="error", detail="timed out after 660s")
-    out = runner.cell_result(crash, units[cells[0].key])
-    assert (out["outcome"], out["detail"]) == ("error", "timed out after 660s")
+    alone = groups.Group("3.15.1", "fork", "jax", "unit", (cells[2],),
+                         (units[cells[2].key],))  # fmt: skip
+    assert groups.cell_result(alone, cells[2], run)["outcome"] == "error"
+
+
+def test_integration_cells_share_one_run_and_keep_their_own_cases(
+    tmp_path, monkeypatch
+):
+    def cell(fix, topology="1", expect="proven"):
+        return fixes.Cell("3.15.1", fix, "", "jax", topology, expect)
+
+    cells = [cell("f1"), cell("f2"), cell("f3", expect="n/a"),
+             cell("f4", "procs-2")]  # fmt: skip
+    planned = groups.plan_groups(cells, {}, ["fork"])
+    assert [(g.topology, g.fixes, g.multi_process) for g in planned] == [
+        ("1", ("f1", "f2"), False),
+        ("procs-2", ("f4",), True),
+    ]
+    xml = tmp_path / "run.xml"
+
+    def case(name, fix, body=""):
+        return (f'<testcase name="{name}" time="1.5"><properties>'
+                f'<property name="fix" value="{fix}"/></properties>{body}'
+                "</testcase>")  # fmt: skip
+
+    xml.write_text(
+        "<testsuites><testsuite>"
+        + case("test_a", "f1")
+        + case("test_b", "f1")
+        + case("test_c", "f2", '<failure message="boom"/>')
+        + "</testsuite></testsuites>"
+    )
+    monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
+    run = {"outcome": "fail", "junit": xml.name, "seconds": 7.0}
+    f1 = groups.cell_result(planned[0], cells[0], run)
+    assert (f1["outcome"], f1["seconds"]) == ("pass", 3.0)
+    assert f1["passed_tests"] == ["test_a", "test_b"]
+    f2 = groups.cell_result(planned[0], cells[1], run)
+    assert (f2["outcome"], f2["detail"]) == ("fail", "test_c: boom")
+
+
+def test_a_run_that_dies_names_its_culprit_and_reruns_the_others():
+    def cell(fix):
+        return fixes.Cell("3.15.1", fix, "", "jax", "1", "proven")
+
+    group = groups.plan_groups([cell("f-1"), cell("f-2"), cell("f-3")], {},
+                               ["stock"])[0]  # fmt: skip
+    run = {"outcome": "error", "detail": "killed after 9s without progress"}
+    hung = "integration_tests/fixes/f_2/test_f.py::test_x[1]"
+    results, retries = groups.after_error(group, run, hung)
+    assert list(results) == [cell("f-2").key]
+    assert results[cell("f-2").key]["detail"] == (
+        f"{hung} did not finish: killed after 9s without progress"
+    )
+    assert [r.fixes for r in retries] == [("f-1",), ("f-3",)]
+    assert retries[0].slug == "3.15.1-f-1-jax-1-stock"
+    # A collection error (no test started): every cell runs on its own.
+    results, retries = groups.after_error(group, run, None)
+    assert results == {} and len(retries) == 3
+    # A one-cell group's error is its cell's.
+    results, retries = groups.after_error(retries[0], run, None)
+    assert list(results) == [cell("f-1").key] and retries == []
 
 
 def test_multi_process_topologies_refuse_a_scope_in_the_test_process():

@@ -16,9 +16,9 @@ def _junit(path, *times):
     path.write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
 
 
-def _cell(topology, runs):
-    return {"base": "3.15.1", "fix": "f", "backend": "tensorflow",
-            "topology": topology, "runs": runs}  # fmt: skip
+def _run(name, seconds, junit, multi=False, cells=1):
+    return {"run": name, "cells": cells, "multi_process": multi,
+            "outcome": "pass", "seconds": seconds, "junit": junit}  # fmt: skip
 
 
 def test_the_breakdown_of_a_run(tmp_path):
@@ -31,17 +31,12 @@ def test_the_breakdown_of_a_run(tmp_path):
     _junit(dist / "j" / "a.xml", 3.0, 1.0)
     _junit(dist / "j" / "b.xml", 20.0)
     _junit(dist / "j" / "shared.xml", 30.0)
-    cells = [
-        _cell("1", {"stock": {"seconds": 10.0, "junit": "dist/j/a.xml"}}),
-        _cell("multiworker-2",
-              {"fork": {"seconds": 25.0, "junit": "dist/j/b.xml"}}),
-        # Two unit cells read off one shared run: counted once.
-        _cell("unit", {"fork": {"seconds": 0.0, "shared": "dist/j/shared.xml",
-                                "shared_seconds": 40.0}}),
-        _cell("unit", {"fork": {"seconds": 0.0, "shared": "dist/j/shared.xml",
-                                "shared_seconds": 40.0}}),
-    ]  # fmt: skip
-    (dist / "proof.json").write_text(json.dumps({"cells": cells}))
+    runs = [
+        _run("a", 10.0, "dist/j/a.xml"),
+        _run("b", 25.0, "dist/j/b.xml", multi=True),
+        _run("shared", 40.0, "dist/j/shared.xml", cells=2),
+    ]
+    (dist / "proof.json").write_text(json.dumps({"cells": [], "runs": runs}))
     args = cli.parser().parse_args(["timings", "--jobs", "2"])
     assert timings.main(args, layout) == 0
     got = json.loads((dist / "timings.json").read_text())

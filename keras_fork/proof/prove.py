@@ -1,9 +1,12 @@
 """The proof matrix: stock vs fork, per base x fix x backend x topology.
 
 Each cell runs the fix's integration tests (``integration_tests/fixes/<id>/``,
-marked ``@pytest.mark.fix(id)``) twice, in two fresh processes that differ
-only in which keras is first on ``PYTHONPATH`` (``variants``): ``stock``,
-the pristine sdist, and ``fork``, the fork wheel.
+marked ``@pytest.mark.fix(id)``) twice, on two variants that differ only in
+which keras is first on ``PYTHONPATH`` (``variants``): ``stock``, the
+pristine sdist, and ``fork``, the fork wheel. One pytest process runs every
+selected cell of one base, variant, backend and topology, and each cell
+reads its own cases off it (``groups``); a cell whose run could not run its
+tests runs again on its own.
 
 Verdicts (the contract of ``dist/proof.json``, ``fixes.verdict``):
 
@@ -13,8 +16,9 @@ Verdicts (the contract of ``dist/proof.json``, ``fixes.verdict``):
 * ``broken``: the fork fails (or a run could not execute at all);
 * ``n/a``: not run, with the reason from the fix's ``fix.toml``.
 
-Outputs: ``dist/proof.json``, ``dist/proof.md``, JUnit XML and logs per run
-under ``dist/proof/junit/``; ``--docs`` also rewrites the committed table in
+Outputs: ``dist/proof.json`` (cells, and the runs with their wall time),
+``dist/proof.md``, JUnit XML, log and progress file per run under
+``dist/proof/junit/``; ``--docs`` also rewrites the committed table in
 ``docs/proof.md``. Runs go ``--jobs`` at a time (see ``runner``).
 """
 
@@ -22,9 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import as_completed
-from pathlib import Path
+from concurrent.futures import wait
 
 from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
@@ -32,6 +36,7 @@ from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import catalog
 from keras_fork.proof import fixes as fixes_lib
+from keras_fork.proof import groups as groups_lib
 from keras_fork.proof import runner
 from keras_fork.proof import variants as variants_lib
 from keras_fork.proof.fixes import Cell
@@ -46,11 +51,8 @@ DOCS_FILE = "proof.md"
 @dataclasses.dataclass
 class Plan:
     """What one ``prove`` run does: its cells, where each variant lives,
-    the unit tests of the unit cells, and the runs in start order.
-
-    ``runs``: ``(label, cell, variant, unit, junit)``; a label ending in
-    ``(shared)`` is a shared fork unit run of one base and backend.
-    """
+    the unit tests of the unit cells, and the runs (``groups.Group``) in
+    start order, longest first."""
 
     cells: list
     accelerator: str
@@ -58,12 +60,13 @@ class Plan:
     installed: dict
     overlays: dict
     units: dict
-    runs: list
+    groups: list
     jobs: int
 
 
-def plan(args, layout: pins.Layout) -> Plan:
-    """Selects the cells, installs the variants, and orders the runs.
+def plan(args, layout: pins.Layout, previous: dict) -> Plan:
+    """Selects the cells, installs the variants, and orders the runs
+    (``previous``: the last ``proof.json``'s rows, for their times).
 
     Raises:
         ForkError: no cell matches, an unknown base, a missing wheel, or a
@@ -90,48 +93,20 @@ def plan(args, layout: pins.Layout) -> Plan:
         v: variants_lib.install_overlay(layout, b) for v, b in bases.items()
     }
     units = {
-        c.key: runner.unit_tests(layout, bases[c.base], c.fix)
+        c.key: groups_lib.unit_tests(layout, bases[c.base], c.fix)
         for c in cells
         if c.topology == topologies.UNIT and c.expect != "n/a"
     }
     jobs = getattr(args, "jobs", None) or runner.default_jobs(accelerator)
-    p = Plan(cells, accelerator, bases, installed, overlays, units, [], jobs)
-    p.runs = _order_runs(p, args.variant or list(VARIANTS), layout)
-    return p
-
-
-def _order_runs(p: Plan, variants: list[str], layout) -> list:
-    """Every run, longest first: the shared unit runs, then the cells'
-    runs, multi-process runs last (each waits for every slot, so among
-    single-process runs it would leave a slot idle while the others
-    drain)."""
-    junit_dir = layout.dist / "proof" / "junit"
-    todo = [c for c in p.cells if c.expect != "n/a"]
-    runs = []
-    if "fork" in variants:
-        shared = runner.shared_unit_tests(todo, p.units)
-        for (version, backend), group in shared.items():
-            first = next(
-                c for c in todo
-                if (c.base, c.backend) == (version, backend)
-                and p.units.get(c.key) is not None
-            )  # fmt: skip
-            label = f"{version}-unit-{backend} fork (shared)"
-            junit = junit_dir / f"{version}-unit-{backend}-fork.xml"
-            runs.append((label, first, "fork", group, junit))
-    for cell in sorted(
-        todo,
-        key=lambda c: (c.backend, c.topology) in topologies.MULTI_PROCESS,
-    ):
-        unit = p.units.get(cell.key)
-        if unit is not None and not unit.names:
-            continue
-        for variant in variants:
-            if unit is not None and variant == "fork":
-                continue
-            junit = junit_dir / f"{cell.slug}-{variant}.xml"
-            runs.append((f"{cell.slug} {variant}", cell, variant, unit, junit))
-    return runs
+    todo = groups_lib.plan_groups(cells, units, args.variant or list(VARIANTS))
+    # Longest first; multi-process runs last: each waits for every slot,
+    # so among single-process runs it would leave a slot idle while the
+    # others drain.
+    todo.sort(
+        key=lambda g: (g.multi_process, -groups_lib.estimate(g, previous))
+    )
+    return Plan(cells, accelerator, bases, installed, overlays, units, todo,
+                jobs)  # fmt: skip
 
 
 def _new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
@@ -161,54 +136,91 @@ def _new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
     return row
 
 
-def execute(p: Plan, rows: dict, timeout: float, console) -> dict:
-    """Runs ``p.runs`` ``p.jobs`` at a time, filling ``rows``' variant
-    outcomes; returns the shared unit runs, ``{(base, backend): result}``.
+def _where(p: Plan, group, layout) -> runner.Where:
+    base = p.bases[group.base]
+    version = base.fork_version if group.variant == "fork" else base.version
+    return runner.Where(
+        p.installed[group.base][group.variant], version,
+        p.overlays[group.base], layout.fixes, p.accelerator,
+    )  # fmt: skip
+
+
+def resolve(group, run: dict) -> tuple[dict, list]:
+    """The cell results of a finished group run, and the groups to run
+    again: ``groups.after_error`` when the run could not run its tests,
+    else every cell's own result (``groups.cell_result``)."""
+    if run["outcome"] == "error":
+        return groups_lib.after_error(group, run, run.get("unfinished"))
+    return {
+        c.key: groups_lib.cell_result(group, c, run) for c in group.cells
+    }, []
+
+
+def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
+    """Runs ``p.groups`` ``p.jobs`` at a time, filling ``rows``' variant
+    outcomes, and a cell again on its own where its group's run could not
+    run its tests. Returns every run's summary (``_summary``).
     Interrupted, it cancels the runs that have not started."""
     from rich.progress import Progress
 
     slots = runner.Slots(p.jobs)
+    junit_dir = layout.dist / "proof" / "junit"
 
-    def run(cell: Cell, variant: str, unit, junit: Path):
-        base = p.bases[cell.base]
-        version = base.fork_version if variant == "fork" else base.version
-        whole = (cell.backend, cell.topology) in topologies.MULTI_PROCESS
-        with slots.hold(p.jobs if whole else 1):
-            return runner.run_variant(
-                cell, variant, p.installed[cell.base][variant], version,
-                junit, p.accelerator, timeout, unit, p.overlays[cell.base],
+    def run(group):
+        with slots.hold(p.jobs if group.multi_process else 1):
+            return runner.run_group(
+                group, _where(p, group, layout),
+                junit_dir / f"{group.slug}.xml", args.timeout,
             )  # fmt: skip
 
-    shared_runs = {}
+    summaries = []
     with (
         Progress(console=console, transient=False) as progress,
         ThreadPoolExecutor(p.jobs) as pool,
     ):
-        task = progress.add_task("proof matrix", total=len(p.runs))
-        futures = {
-            pool.submit(run, cell, variant, unit, junit): (label, cell,
-                                                           variant, unit)
-            for label, cell, variant, unit, junit in p.runs
-        }  # fmt: skip
+        task = progress.add_task("proof matrix", total=len(p.groups))
+        pending = {pool.submit(run, g): g for g in p.groups}
         try:
-            for future in as_completed(futures):
-                label, cell, variant, unit = futures[future]
-                result = future.result()
-                detail = result["detail"]
-                if label.endswith("(shared)"):
-                    shared_runs[(cell.base, cell.backend)] = result
-                    detail = f"{len(unit.files)} test files; {detail}"
-                else:
-                    rows[cell.key][variant] = result["outcome"]
-                    rows[cell.key]["runs"][variant] = result
-                progress.advance(task)
-                _print_run(console, label, result, f"({result['seconds']}s)",
-                           detail)  # fmt: skip
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    group = pending.pop(future)
+                    retries = _record(group, future.result(), rows, console)
+                    summaries.append(_summary(group, future.result()))
+                    for retry in retries:
+                        pending[pool.submit(run, retry)] = retry
+                    total = progress.tasks[0].total + len(retries)
+                    progress.update(task, total=total, advance=1)
         except BaseException:
-            for f in futures:
+            for f in pending:
                 f.cancel()
             raise
-    return shared_runs
+    return summaries
+
+
+def _record(group, result: dict, rows: dict, console) -> list:
+    """Prints a finished run, puts its cells' results in ``rows`` and
+    returns the groups to run again (``resolve``)."""
+    when = f"({result['seconds']}s)"
+    _print_run(console, group.label, result, when, result["detail"])
+    results, retries = resolve(group, result)
+    for key, cell_run in results.items():
+        rows[key][group.variant] = cell_run["outcome"]
+        rows[key]["runs"][group.variant] = cell_run
+    for retry in retries:
+        console.print(f"  {retry.slug}: again on its own")
+    return retries
+
+
+def _summary(group, result: dict) -> dict:
+    return {
+        "run": group.slug,
+        "cells": len(group.cells),
+        "multi_process": group.multi_process,
+        "outcome": result["outcome"],
+        "seconds": result["seconds"],
+        "junit": result["junit"],
+    }
 
 
 def _print_run(console, label, result, when, detail):
@@ -216,19 +228,15 @@ def _print_run(console, label, result, when, detail):
     console.print(f"{label}: [{style}]{result['outcome']}[/] {when} {detail}")
 
 
-def settle(p: Plan, rows: dict, shared_runs: dict, console) -> None:
-    """Reads each unit cell's fork result off its shared run and gives
-    every row its verdict."""
+def settle(p: Plan, rows: dict, console) -> None:
+    """Gives every row its verdict, printing each cell's outcomes."""
     for cell in p.cells:
         row = rows[cell.key]
+        for variant, run in row["runs"].items():
+            if cell.expect != "n/a" and "cases" in run:
+                _print_run(console, f"{cell.slug} {variant}", run, "",
+                           run["detail"])  # fmt: skip
         unit = p.units.get(cell.key)
-        group = (cell.base, cell.backend)
-        if unit is not None and group in shared_runs and unit.names:
-            fork = runner.cell_result(shared_runs[group], unit)
-            row["fork"] = fork["outcome"]
-            row["runs"]["fork"] = fork
-            _print_run(console, f"{cell.slug} fork", fork, "(shared run)",
-                       fork["detail"])  # fmt: skip
         stock_run = row["runs"].get("stock", {})
         # Upstream-style unit tests carry no proof/guard roles: a patch's
         # tests may include regression guards that pass on stock, so a
@@ -243,11 +251,13 @@ def settle(p: Plan, rows: dict, shared_runs: dict, console) -> None:
             row["reason"] = "a variant was not run"
 
 
-def write_outputs(layout, rows: list[dict], accelerator: str, docs: bool):
-    """``dist/proof.json`` and ``dist/proof.md`` (atomically); with
-    ``docs``, the table in ``docs/proof.md`` too."""
+def write_outputs(layout, rows, accelerator: str, docs: bool, runs=()):
+    """``dist/proof.json`` (``{"cells": rows, "runs": runs}``: every cell,
+    and this prove's pytest processes) and ``dist/proof.md``, atomically;
+    with ``docs``, the table in ``docs/proof.md`` too."""
     proof_json = layout.dist / "proof.json"
-    write_atomic(proof_json, json.dumps({"cells": rows}, indent=2) + "\n")
+    doc = {"cells": rows, "runs": list(runs)}
+    write_atomic(proof_json, json.dumps(doc, indent=2) + "\n")
     table = render_table(rows)
     write_atomic(layout.dist / "proof.md", "# Proof matrix\n\n" + table)
     if docs:
@@ -309,19 +319,19 @@ def main(args, layout: pins.Layout) -> int:
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False)
-    p = plan(args, layout)
     previous = runner.load_previous(layout.dist / "proof.json")
+    p = plan(args, layout, previous)
     variants = args.variant or list(VARIANTS)
     rows = {
         c.key: _new_row(c, p.accelerator, previous.get(c.key, {}), p, variants)
         for c in p.cells
     }
-    shared_runs = execute(p, rows, args.timeout, console)
-    settle(p, rows, shared_runs, console)
+    runs = execute(p, rows, args, layout, console)
+    settle(p, rows, console)
     results = {**previous, **rows}
     known = {c.key for c in fixes_lib.load_matrix(layout.fixes)}
     table = [r for k, r in sorted(results.items()) if k in known]
-    write_outputs(layout, table, p.accelerator, args.docs)
+    write_outputs(layout, table, p.accelerator, args.docs, runs)
     _print_table(table)
     from keras_fork.recipe import prseries
 

@@ -1,14 +1,15 @@
-"""One pytest run of one variant of one proof cell, and what its JUnit
-file says.
+"""The pytest process of one run of the proof matrix, and what it says.
 
-A cell's run collects its fix's folder, ``integration_tests/fixes/<id>/``,
-with ``PROOF_FIX`` set (the suite's conftest keeps only that fix's tests). A
-``unit`` cell runs the upstream-style tests its fix's patches add: on stock
-only those tests, on the fork every test file they touch. The fork's unit
-runs are shared: one run per base and backend over the union of the files,
-each cell reading its own files' results off it (``shared_unit_tests``,
-``cell_result``). Runs go ``--jobs`` at a time (``default_jobs``: 2 on 2 or
-more cores, 1 on GPUs); a multi-process run takes every slot (``Slots``).
+A run is a ``groups.Group``: every selected cell of one base, variant,
+backend and topology in one process (``run_group``). An integration run
+collects its cells' fix folders, ``integration_tests/fixes/<id>/``, with
+``PROOF_FIX`` naming them; a ``unit`` run copies the touched upstream test
+files into a folder of its own. Each test has ``--timeout`` seconds
+(pytest-timeout fails it and the run goes on); a run that writes no
+progress (``harness.progress``) for ``timeout`` plus a grace period is hung
+and its process group is killed. Runs go ``--jobs`` at a time
+(``default_jobs``: 2 on 2 or more cores, 1 on GPUs); a multi-process run
+takes every slot (``Slots``).
 """
 
 from __future__ import annotations
@@ -23,123 +24,22 @@ import subprocess
 import sys
 import threading
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from integration_tests.harness import progress as progress_plugin
 from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 from keras_fork.proof.fixes import Cell
+from keras_fork.proof.groups import Group
+from keras_fork.proof.groups import UnitTests
+from keras_fork.proof.junit import read_junit
 from keras_fork.proof.variants import child_env
 from keras_fork.recipe import pins
 
-
-@dataclasses.dataclass(frozen=True)
-class UnitTests:
-    """The upstream-style unit tests a fix's patches add.
-
-    Attributes:
-        files: the touched ``*_test.py`` files, in the materialized tree.
-        names: the added test functions (``test_...``).
-    """
-
-    files: tuple[Path, ...]
-    names: tuple[str, ...]
-
-
-def unit_tests(layout: pins.Layout, base: pins.Base, fix: str) -> UnitTests:
-    """Collects the unit tests added by the patches marked ``Fork-Fix: fix``
-    in the series of ``base`` (files from ``build/trees/<version>``)."""
-    from keras_fork.recipe import series
-
-    files, names = [], []
-    for patch in series.read_series(layout, base):
-        info = series.parse_patch(patch)
-        if info.fix != fix:
-            continue
-        for test in info.added_tests():
-            path, _, name = test.partition("::")
-            f = layout.tree(base.version) / path
-            if f not in files:
-                files.append(f)
-            names.append(name)
-    return UnitTests(tuple(files), tuple(dict.fromkeys(names)))
-
-
-def shared_unit_tests(
-    cells: list[Cell], units: dict[tuple, UnitTests]
-) -> dict[tuple, UnitTests]:
-    """The fork's unit tests, grouped into one run per base and backend.
-
-    The fork variant of a unit cell runs every test file its fix's patches
-    touch, and most fixes share files (a tensorflow fix usually adds its
-    tests to ``distribute_test.py``). On one fork tree those runs would
-    repeat the same tests, so the fork runs the union of the files once per
-    (base, backend) and each cell reads its own files' cases off that run
-    (``cell_result``). Stock runs stay per cell: they select the cell's
-    added tests only.
-
-    Returns:
-        ``{(base, backend): UnitTests}``: the union of the files (in first
-        seen order) and of the added test names of the unit cells.
-    """
-    shared = {}
-    for cell in cells:
-        unit = units.get(cell.key)
-        if unit is None or not unit.names:
-            continue
-        key = (cell.base, cell.backend)
-        files, names = shared.get(key, ((), ()))
-        files += tuple(f for f in unit.files if f not in files)
-        names += tuple(n for n in unit.names if n not in names)
-        shared[key] = (files, names)
-    return {k: UnitTests(f, n) for k, (f, n) in shared.items()}
-
-
-def cell_result(shared_run: dict, unit: UnitTests) -> dict:
-    """One unit cell's fork result, read off the shared run of its backend.
-
-    Args:
-        shared_run: ``run_variant``'s result for the union of the files.
-        unit: the cell's own files and added tests.
-
-    Returns:
-        A ``run_variant``-shaped dict for the cell's files only: ``error``
-        when the shared run could not run the tests (crash, timeout,
-        collection error) or none of the cell's tests ran, ``fail`` when
-        one of its cases failed, else ``pass``; ``shared`` names the run
-        and ``shared_seconds`` is its wall time.
-    """
-    out = {
-        "shared": shared_run["junit"],
-        "shared_seconds": shared_run.get("seconds", 0.0),
-        "seconds": 0.0,
-        "junit": shared_run["junit"],
-        "passed_tests": [],
-    }
-    if shared_run["outcome"] == "error":
-        return dict(out, outcome="error", detail=shared_run["detail"],
-                    counts=shared_run["counts"])  # fmt: skip
-    mine = {f.name for f in unit.files}
-    junit = pins.REPO_ROOT / shared_run["junit"]
-    cases = [c for c in read_junit(junit).cases if Path(c["file"]).name in mine]
-    bad = [c for c in cases if c["outcome"] in ("failure", "error")]
-    skipped = sum(c["outcome"] == "skipped" for c in cases)
-    counts = {
-        "tests": len(cases),
-        "failures": sum(c["outcome"] == "failure" for c in cases),
-        "errors": sum(c["outcome"] == "error" for c in cases),
-        "skipped": skipped,
-    }
-    ran = len(cases) - skipped
-    if bad:
-        outcome = "fail"
-        detail = f"{bad[0]['name']}: {bad[0]['outcome']} (see the shared run)"
-    elif ran:
-        outcome, detail = "pass", f"{ran} passed"
-    else:
-        outcome, detail = "error", "none of the cell's tests ran"
-    return dict(out, outcome=outcome, detail=detail, counts=counts)
-
+# Seconds a run may go without progress beyond the per-test timeout before
+# it is killed: a test's set-up and teardown, or the imports and collection
+# before the first test.
+GRACE = 60.0
 
 UNIT_CONFTEST = """\
 # Written by keras_fork.proof.runner: check which keras the unit run imports.
@@ -160,55 +60,73 @@ def _unit_workdir(workdir: Path, unit: UnitTests) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class JUnitResult:
-    """What a run's JUnit (xunit1) file says, read in one pass.
+class Where:
+    """Where a run's keras and tests come from.
 
-    ``counts``: the suite's tests, failures, errors and skipped (empty when
-    the file is missing or unreadable); ``cases``: name, file (as pytest
-    reports it, relative to the rootdir), outcome
-    (passed/failure/error/skipped) and role (``proof`` unless the test's
-    marker says otherwise) of each test case; ``first_failure``: "name:
-    first message line" of the first failed or erroring case, or "".
+    Attributes:
+        keras_dir: the variant's keras (a ``pip --target`` folder).
+        keras_version: the version that keras must report.
+        overlay: the base's test overlay, or None.
+        fixes: the folder of the fix folders (``Layout.fixes``).
+        accelerator: ``cpu`` or ``gpu``.
     """
 
-    counts: dict
-    cases: list
-    first_failure: str
+    keras_dir: Path
+    keras_version: str
+    overlay: Path | None
+    fixes: Path
+    accelerator: str = "cpu"
 
 
-def read_junit(path: Path) -> JUnitResult:
-    """Parses ``path`` once; see ``JUnitResult``."""
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return JUnitResult({}, [], "")
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    counts = {}
-    if suite is not None:
-        keys = ("tests", "failures", "errors", "skipped")
-        counts = {k: int(suite.get(k, 0)) for k in keys}
-    cases, first_failure = [], ""
-    for case in root.iter("testcase"):
-        outcome = "passed"
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is None:
-                continue
-            outcome = tag
-            if tag != "skipped" and not first_failure:
-                lines = (node.get("message") or "").splitlines()
-                msg = next((ln.strip() for ln in lines if ln.strip()), tag)
-                first_failure = f"{case.get('name')}: {msg}"[:300]
-        props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        cases.append(
-            {
-                "name": case.get("name"),
-                "file": case.get("file") or "",
-                "outcome": outcome,
-                "role": props.get("role", "proof"),
-            }
-        )
-    return JUnitResult(counts, cases, first_failure)
+def run_group(
+    group: Group, where: Where, junit: Path, timeout: float, grace=None
+) -> dict:
+    """Runs ``group`` in a fresh pytest process.
+
+    Args:
+        group: the cells and variant to run.
+        where: the keras variant and the fix folders.
+        junit: the JUnit file to write; the log goes beside it (``.log``),
+            and so does the progress file (``.progress``).
+        timeout: seconds a test may take (pytest-timeout).
+        grace: seconds more, without progress, before the run is killed
+            (default ``GRACE``).
+
+    Returns:
+        ``{"outcome": "pass"|"fail"|"error", "detail": str,
+        "seconds": float, "junit": str, "log": str, "counts": {...},
+        "passed_tests": [...], "unfinished": nodeid or None}``. ``error``
+        means the process could not run the tests (crash, collection
+        error, no test ran, or killed for want of progress); then
+        ``unfinished`` names the test it was in, if any.
+    """
+    env = child_env(
+        where.keras_dir,
+        where.overlay,
+        topologies.env_for(group.backend, group.topology, where.accelerator),
+    )
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    junit.unlink(missing_ok=True)
+    log, progress = junit.with_suffix(".log"), junit.with_suffix(".progress")
+    progress.unlink(missing_ok=True)
+    env.update(
+        PROOF_FIX=",".join(group.fixes),
+        PROOF_BASE=group.base,
+        PROOF_VARIANT=group.variant,
+        PROOF_KERAS_DIR=str(where.keras_dir),
+        PROOF_KERAS_VERSION=where.keras_version,
+        PYTHONDONTWRITEBYTECODE="1",
+        **{progress_plugin.ENV: str(progress)},
+    )
+    cmd, cwd = _pytest_command(group, where.fixes, junit, timeout)
+    grace = GRACE if grace is None else grace
+    start = time.monotonic()
+    code = run_bounded(cmd, cwd, env, log, timeout + grace, progress)
+    seconds = round(time.monotonic() - start, 1)
+    result = _run_result(junit, log, code, timeout + grace, seconds)
+    if result["outcome"] == "error":
+        result["unfinished"] = progress_plugin.unfinished(progress)
+    return result
 
 
 def run_variant(
@@ -222,68 +140,48 @@ def run_variant(
     unit: UnitTests | None = None,
     overlay: Path | None = None,
 ) -> dict:
-    """Runs one variant of one cell in a fresh pytest process.
-
-    For a ``unit`` cell, ``unit`` names the tests: the stock run selects
-    only the added tests, the fork run every touched test file. Otherwise
-    the run collects the fix's folder, ``integration_tests/fixes/<id>/``.
-    ``overlay`` (the base's test overlay, see ``install_overlay``) follows
-    keras on ``PYTHONPATH``.
-
-    Returns:
-        ``{"outcome": "pass"|"fail"|"error", "detail": str,
-        "seconds": float, "junit": str, "counts": {...}}``. ``error`` means
-        the process could not run the tests (crash, collection error, no
-        test ran, or the ``timeout`` in seconds per test expired: the whole
-        process group is killed 60 s after it).
-    """
-    env = child_env(
-        keras_dir,
-        overlay,
-        topologies.env_for(cell.backend, cell.topology, accelerator),
-    )
-    env.update(
-        PROOF_FIX=cell.fix,
-        PROOF_BASE=cell.base,
-        PROOF_VARIANT=variant,
-        PROOF_KERAS_DIR=str(keras_dir),
-        PROOF_KERAS_VERSION=keras_version,
-        PYTHONDONTWRITEBYTECODE="1",
-    )
-    junit.parent.mkdir(parents=True, exist_ok=True)
-    junit.unlink(missing_ok=True)
-    log = junit.with_suffix(".log")
-    cmd, cwd = _pytest_command(cell, variant, junit, timeout, unit)
-    start = time.monotonic()
-    code = run_bounded(cmd, cwd, env, log, timeout + 60)
-    seconds = round(time.monotonic() - start, 1)
-    return _run_result(junit, log, code, timeout + 60, seconds)
+    """Runs one variant of one cell alone (``run_group`` of a one-cell
+    group, the fix folders of this repository)."""
+    group = Group(cell.base, variant, cell.backend, cell.topology, (cell,),
+                  (unit,) if unit is not None else ())  # fmt: skip
+    fixes = pins.REPO_ROOT / "integration_tests" / "fixes"
+    where = Where(keras_dir, keras_version, overlay, fixes, accelerator)
+    return run_group(group, where, junit, timeout)
 
 
-def _pytest_command(cell, variant, junit, timeout, unit):
+def _pytest_command(group: Group, fixes: Path, junit, timeout):
     """The pytest command line of one run, and its working folder."""
     cmd = [
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+        "-p", progress_plugin.__name__,
         "-rfE", f"--junitxml={junit}", "-o", "junit_family=xunit1",
         f"--timeout={int(timeout)}",
     ]  # fmt: skip
+    unit = group.unit
     if unit is None:
-        folder = Path("integration_tests", "fixes", cell.fix.replace("-", "_"))
-        return cmd + [str(folder)], pins.REPO_ROOT
+        folders = {fixes / fix.replace("-", "_") for fix in group.fixes}
+        return cmd + [str(f) for f in sorted(folders)], pins.REPO_ROOT
     cwd = junit.with_suffix(".unit")
     _unit_workdir(cwd, unit)
     cmd += ["--rootdir", str(cwd), str(cwd)]
-    if variant == "stock":
+    if group.variant == "stock":
         cmd += ["-k", " or ".join(unit.names)]
     return cmd, cwd
 
 
-def run_bounded(cmd, cwd, env, log: Path, limit: float) -> int | None:
+def run_bounded(
+    cmd, cwd, env, log: Path, limit: float, progress: Path | None = None
+) -> int | None:
     """Runs ``cmd`` in its own session with its output in ``log``.
 
+    Args:
+        limit: seconds the run may take; with ``progress``, seconds it may
+            go without the ``progress`` file growing (``harness.progress``
+            writes a line as each test starts and ends).
+
     Returns:
-        The exit status, or None when it ran past ``limit`` seconds: its
-        whole process group is then killed (SIGKILL) and reaped.
+        The exit status, or None when it ran past ``limit``: its whole
+        process group is then killed (SIGKILL) and reaped.
     """
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -294,21 +192,37 @@ def run_bounded(cmd, cwd, env, log: Path, limit: float) -> int | None:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        try:
-            return proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None
+        last, size = time.monotonic(), -1
+        while True:
+            try:
+                return proc.wait(timeout=min(1.0, limit))
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                grown = _size(progress)
+                if grown != size:
+                    size = grown
+                    last = now if progress is not None else last
+                if now - last > limit:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    return None
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return -1
 
 
 def _run_result(junit, log, code, limit, seconds) -> dict:
-    """``run_variant``'s result from the exit status and the JUnit file."""
+    """``run_group``'s result from the exit status and the JUnit file."""
     result = read_junit(junit)
     counts = result.counts
     ran = counts.get("tests", 0) - counts.get("skipped", 0)
     if code is None:
-        outcome, detail = "error", f"timed out after {limit:.0f}s"
+        outcome = "error"
+        detail = f"killed after {limit:.0f}s without progress"
     elif code == 0 and ran > 0:
         outcome, detail = "pass", f"{ran} passed"
     elif code == 1 and counts.get("failures", 0) + counts.get("errors", 0):
@@ -317,14 +231,12 @@ def _run_result(junit, log, code, limit, seconds) -> dict:
         tail = log.read_text().strip().splitlines()[-3:]
         outcome = "error"
         detail = f"pytest exit {code}, {ran} test(s) ran: {' | '.join(tail)}"
-    root = pins.REPO_ROOT
     return {
         "outcome": outcome,
         "detail": detail,
         "seconds": seconds,
-        "junit": str(junit.relative_to(root))
-        if junit.is_relative_to(root)
-        else str(junit),
+        "junit": _relative(junit),
+        "log": _relative(log),
         "counts": counts,
         "passed_tests": [
             c["name"]
@@ -332,6 +244,11 @@ def _run_result(junit, log, code, limit, seconds) -> dict:
             if c["outcome"] == "passed" and c["role"] == "proof"
         ],
     }
+
+
+def _relative(path: Path) -> str:
+    root = pins.REPO_ROOT
+    return str(path.relative_to(root) if path.is_relative_to(root) else path)
 
 
 def default_jobs(accelerator: str) -> int:

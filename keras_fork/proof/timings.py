@@ -5,8 +5,9 @@ Reads what a ``scripts/test`` run leaves in ``dist/``:
 * ``test-stages.tsv``: one line a stage, ``<name> <start> <end>`` (tab
   separated, seconds since the epoch, bash's ``EPOCHREALTIME``), written by
   ``scripts/test``;
-* ``proof.json``: each cell's runs with their wall time (``seconds``) and
-  JUnit file, whose ``testcase`` times are the tests' own compute.
+* ``proof.json``: its ``runs``, each pytest process of the matrix with
+  its wall time (``seconds``) and JUnit file, whose ``testcase`` times are
+  the tests' own compute.
 
 and writes ``dist/timings.json`` (atomically) and prints the breakdown:
 
@@ -28,7 +29,6 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 from keras_fork.outputs import write_atomic
 from keras_fork.recipe import pins
@@ -42,8 +42,7 @@ class Run:
     """One pytest process of the matrix.
 
     Attributes:
-        label: ``<cell slug> <variant>``, or the shared unit run's JUnit
-            name.
+        label: the run's name and its number of cells.
         seconds: its wall time, process start to exit.
         tests: the sum of its JUnit ``testcase`` times (0 when unreadable).
         multi_process: whether its topology's replicas are worker processes.
@@ -93,31 +92,25 @@ def junit_seconds(path: Path) -> float:
 
 
 def read_runs(proof_json: Path, root: Path) -> list[Run]:
-    """Every run of the matrix in ``proof.json``, a shared unit run once.
+    """Every pytest process of the last prove, from ``proof.json``'s
+    ``runs`` (one per group run, reruns of single cells included).
 
     Raises:
         ForkError: the file is missing or not a proof document.
     """
     try:
-        cells = json.loads(proof_json.read_text())["cells"]
+        runs = json.loads(proof_json.read_text())["runs"]
     except (FileNotFoundError, KeyError, ValueError):
         raise ForkError(f"{proof_json}: no proof run to read") from None
-    runs, seen = [], set()
-    for c in cells:
-        multi = (c["backend"], c["topology"]) in topologies.MULTI_PROCESS
-        for variant, run in c.get("runs", {}).items():
-            junit = run.get("shared") or run.get("junit")
-            if not junit or junit in seen:
-                continue
-            seen.add(junit)
-            seconds = run.get("seconds", 0.0)
-            label = f"{c['base']}-{c['fix']}-{c['backend']}-{c['topology']}"
-            if run.get("shared"):
-                label = Path(junit).stem + " (shared)"
-                seconds = run.get("shared_seconds", 0.0)
-            tests = junit_seconds(root / junit)
-            runs.append(Run(f"{label} {variant}", seconds, tests, multi))
-    return runs
+    return [
+        Run(
+            f"{r['run']} ({r['cells']} cells)",
+            r["seconds"],
+            junit_seconds(root / r["junit"]),
+            r["multi_process"],
+        )
+        for r in runs
+    ]
 
 
 def summarize(stages: list[dict], runs: list[Run], jobs: int) -> dict:

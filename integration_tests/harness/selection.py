@@ -1,0 +1,75 @@
+"""Which proof tests a run collects, and what each case records.
+
+Every proof test is marked ``@pytest.mark.fix("<fix id>")``, optionally with
+``role="guard"`` (or ``guard_on=(backends)``: a guard on those backends
+only). The runner sets ``PROOF_FIX`` to the fixes of its run, comma
+separated (one process runs every selected fix of one base, variant,
+backend and topology); only their tests are collected. Each case records
+its ``fix`` and ``role`` as JUnit properties, from which the runner gives
+every cell its own result. Imports no backend, so that the runner's own
+tests can use it with fake fixes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+ROLES = ("proof", "guard")
+ENV = "PROOF_FIX"
+
+
+def fix_of(item) -> str | None:
+    """The fix id of a test item's ``fix`` marker, or None."""
+    marker = item.get_closest_marker("fix")
+    return marker.args[0] if marker and marker.args else None
+
+
+def role_of(item) -> str:
+    """``proof`` or ``guard``: a test that proves a defect on some backends
+    only (``guard_on=("jax",)``) is a guard on those, where stock is
+    already right.
+
+    Raises:
+        pytest.UsageError: the marker names a role not in ``ROLES``.
+    """
+    marker = item.get_closest_marker("fix")
+    role = marker.kwargs.get("role", "proof") if marker else "proof"
+    if marker and os.environ.get("KERAS_BACKEND") in marker.kwargs.get(
+        "guard_on", ()
+    ):
+        role = "guard"
+    if role not in ROLES:
+        raise pytest.UsageError(f"{item.nodeid}: role {role!r} not in {ROLES}")
+    return role
+
+
+def wanted_fixes() -> set[str] | None:
+    """The fixes named by ``PROOF_FIX`` (comma separated), or None for
+    every fix."""
+    value = os.environ.get(ENV, "")
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    return names or None
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = [i.nodeid for i in items if fix_of(i) is None]
+    if unmarked:
+        raise pytest.UsageError(
+            f"proof tests must be marked @pytest.mark.fix(...): {unmarked}"
+        )
+    wanted = wanted_fixes()
+    if wanted is None:
+        return
+    config.hook.pytest_deselected(
+        items=[i for i in items if fix_of(i) not in wanted]
+    )
+    items[:] = [i for i in items if fix_of(i) in wanted]
+
+
+@pytest.fixture(autouse=True)
+def proof_properties(request, record_property):
+    """Records the case's ``fix`` and ``role`` (JUnit properties)."""
+    record_property("fix", fix_of(request.node))
+    record_property("role", role_of(request.node))

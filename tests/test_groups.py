@@ -1,0 +1,103 @@
+"""One run per base, variant, backend and topology keeps each cell's
+verdict its own: the harness's own fake fixes, run for real by the proof
+runner (no keras needed), one passing, one failing, one hung past its test
+timeout and one stuck where the timeout cannot reach it."""
+
+import textwrap
+import time
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from keras_fork.proof import fixes
+from keras_fork.proof import groups
+from keras_fork.proof import prove
+from keras_fork.proof import runner
+from keras_fork.recipe import pins
+
+TESTS = {
+    "good": "def test_good():\n    assert 1 + 1 == 2\n",
+    "failing": "def test_failing():\n    assert 1 + 1 == 3, 'planted'\n",
+    # pytest-timeout interrupts the sleep: the test fails, the run goes on.
+    "hung": "import time\n\ndef test_hung():\n    time.sleep(600)\n",
+    # SIGALRM blocked: pytest-timeout cannot interrupt it, only the runner's
+    # watchdog (no progress for timeout + grace) can.
+    "stuck": textwrap.dedent("""\
+        import signal
+        import time
+
+        def test_stuck():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(600)
+        """),
+}
+CONFTEST = """\
+from integration_tests.harness import selection
+
+pytest_collection_modifyitems = selection.pytest_collection_modifyitems
+_proof_properties = selection.proof_properties
+"""
+TIMEOUT, GRACE = 3, 2
+
+
+@pytest.fixture
+def fake_fixes(tmp_path):
+    folder = tmp_path / "fixes"
+    folder.mkdir()
+    (folder / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    fix(name): the fix a test proves\n"
+    )
+    (folder / "conftest.py").write_text(CONFTEST)
+    for fix, body in TESTS.items():
+        (folder / fix).mkdir()
+        marked = body.replace(
+            "def test_", f"@pytest.mark.fix({fix!r})\ndef test_", 1
+        )
+        (folder / fix / f"test_{fix}.py").write_text("import pytest\n" + marked)
+    return folder
+
+
+def test_each_fix_fails_only_its_own_cell(fake_fixes, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "GRACE", GRACE)
+    cells = [fixes.Cell("1.0", fix, "", "jax", "1", "guard") for fix in TESTS]
+    layout = SimpleNamespace(fixes=fake_fixes, dist=tmp_path / "dist")
+    keras_dir = tmp_path / "keras"
+    keras_dir.mkdir()
+    p = prove.Plan(
+        cells=cells,
+        accelerator="cpu",
+        bases={"1.0": SimpleNamespace(version="1.0", fork_version="1.0+f")},
+        installed={"1.0": {"fork": keras_dir}},
+        overlays={"1.0": None},
+        units={},
+        groups=groups.plan_groups(cells, {}, ["fork"]),
+        jobs=2,
+    )
+    rows = {c.key: {"runs": {}} for c in cells}
+    args = SimpleNamespace(timeout=TIMEOUT)
+    start = time.monotonic()
+    runs = prove.execute(p, rows, args, layout, Console(quiet=True))
+    took = time.monotonic() - start
+    got = {c.fix: rows[c.key]["runs"]["fork"] for c in cells}
+
+    assert got["good"]["outcome"] == "pass"
+    assert got["failing"]["outcome"] == "fail"
+    assert "planted" in got["failing"]["detail"]
+    assert got["hung"]["outcome"] == "fail"
+    assert "Timeout" in got["hung"]["detail"]
+    stuck = got["stuck"]
+    assert stuck["outcome"] == "error"
+    assert stuck["detail"].startswith("stuck/test_stuck.py::test_stuck did")
+    assert "without progress" in stuck["detail"]
+    # The shared run died in test_stuck; each other cell ran on its own.
+    assert [r["cells"] for r in runs] == [4, 1, 1, 1]
+    for fix, result in got.items():
+        log = pins.REPO_ROOT / result["log"]
+        assert log.is_file(), fix
+    hung_log = (pins.REPO_ROOT / got["hung"]["log"]).read_text()
+    assert "test_hung" in hung_log and "Timeout" in hung_log
+    # Bounded: the shared run is killed TIMEOUT + GRACE s after test_stuck
+    # starts, then the three reruns go two at a time, the longest (test_hung)
+    # failing after TIMEOUT s; the rest is pytest's own start-up.
+    assert took < 2 * (TIMEOUT + GRACE) + 30
