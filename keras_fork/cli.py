@@ -10,6 +10,7 @@ Verbs (the ``scripts/`` entry points call these):
   fixes    the fix catalog: bases, issue, upstream status, cells, patches
   timings  where the last scripts/test run's time went (dist/timings.json)
   bench    fork/stock step time, shuffle cost, work per step (bench)
+  bench-matrix  the matrix's wall time, a process per cell vs per group
   status   each series against its base and the newest keras-nightly
 
 A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``
@@ -40,6 +41,10 @@ VERBS = {
     "fixes": ("keras_fork.proof.catalog", "the fix catalog and its cells"),
     "timings": ("keras_fork.proof.timings", "where a test run's time went"),
     "bench": ("keras_fork.bench.bench", "fork/stock step time and work"),
+    "bench-matrix": (
+        "keras_fork.bench.matrix",
+        "matrix time: per cell vs grouped",
+    ),
     "status": ("keras_fork.upstream.status", "each series against upstream"),
 }
 

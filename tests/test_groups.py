@@ -3,6 +3,7 @@ verdict its own: the harness's own fake fixes, run for real by the proof
 runner (no keras needed), one passing, one failing, one hung past its test
 timeout and one stuck where the timeout cannot reach it."""
 
+import dataclasses
 import textwrap
 import time
 from types import SimpleNamespace
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
+from keras_fork.bench import matrix
 from keras_fork.proof import fixes
 from keras_fork.proof import groups
 from keras_fork.proof import prove
@@ -58,22 +60,30 @@ def fake_fixes(tmp_path):
     return folder
 
 
-def test_each_fix_fails_only_its_own_cell(fake_fixes, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "GRACE", GRACE)
-    cells = [fixes.Cell("1.0", fix, "", "jax", "1", "guard") for fix in TESTS]
-    layout = SimpleNamespace(fixes=fake_fixes, dist=tmp_path / "dist")
+def _plan(tmp_path, fixes_wanted, variants):
+    cells = [
+        fixes.Cell("1.0", fix, "", "jax", "1", "guard") for fix in fixes_wanted
+    ]
     keras_dir = tmp_path / "keras"
-    keras_dir.mkdir()
-    p = prove.Plan(
+    keras_dir.mkdir(exist_ok=True)
+    return prove.Plan(
         cells=cells,
         accelerator="cpu",
         bases={"1.0": SimpleNamespace(version="1.0", fork_version="1.0+f")},
-        installed={"1.0": {"fork": keras_dir}},
+        installed={"1.0": {v: keras_dir for v in variants}},
         overlays={"1.0": None},
         units={},
-        groups=groups.plan_groups(cells, {}, ["fork"]),
+        groups=groups.plan_groups(cells, {}, variants),
         jobs=2,
     )
+
+
+def test_each_fix_fails_only_its_own_cell(fake_fixes, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "GRACE", GRACE)
+    layout = pins.Layout.default(tmp_path)
+    layout = dataclasses.replace(layout, fixes=fake_fixes)
+    p = _plan(tmp_path, TESTS, ["fork"])
+    cells = p.cells
     rows = {c.key: {"runs": {}} for c in cells}
     args = SimpleNamespace(timeout=TIMEOUT)
     start = time.monotonic()
@@ -101,3 +111,25 @@ def test_each_fix_fails_only_its_own_cell(fake_fixes, tmp_path, monkeypatch):
     # starts, then the three reruns go two at a time, the longest (test_hung)
     # failing after TIMEOUT s; the rest is pytest's own start-up.
     assert took < 2 * (TIMEOUT + GRACE) + 30
+
+
+def test_bench_matrix_runs_both_ways_to_the_same_verdicts(fake_fixes, tmp_path):
+    layout = dataclasses.replace(
+        pins.Layout.default(tmp_path), fixes=fake_fixes
+    )
+    p = _plan(tmp_path, ["good", "failing"], ["stock", "fork"])
+    args = SimpleNamespace(timeout=TIMEOUT, variant=None)
+    console = Console(quiet=True)
+    old = matrix.measure(p, "per cell", args, layout, console)
+    new = matrix.measure(p, "grouped", args, layout, console)
+    assert (old["processes"], new["processes"]) == (4, 2)
+    # good passes on both (guard); failing fails on both (broken).
+    assert (
+        old["verdicts"]
+        == new["verdicts"]
+        == {
+            "1.0/good/jax/1": "guard",
+            "1.0/failing/jax/1": "broken",
+        }
+    )
+    assert (layout.dist / "bench-matrix" / "per-cell").is_dir()

@@ -109,7 +109,7 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
                 jobs)  # fmt: skip
 
 
-def _new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
+def new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
     """A cell's row of ``proof.json`` before its runs; a variant that is
     not run this time keeps its last result."""
     row = {
@@ -323,7 +323,7 @@ def main(args, layout: pins.Layout) -> int:
     p = plan(args, layout, previous)
     variants = args.variant or list(VARIANTS)
     rows = {
-        c.key: _new_row(c, p.accelerator, previous.get(c.key, {}), p, variants)
+        c.key: new_row(c, p.accelerator, previous.get(c.key, {}), p, variants)
         for c in p.cells
     }
     runs = execute(p, rows, args, layout, console)
@@ -344,6 +344,19 @@ def main(args, layout: pins.Layout) -> int:
 
 def add_arguments(p) -> None:
     """The ``prove`` verb's filters and options."""
+    add_filters(p)
+    p.add_argument(
+        "--docs",
+        "--readme",
+        dest="docs",
+        action="store_true",
+        help="also rewrite the committed proof table, docs/proof.md "
+        "(--readme: its old name)",
+    )
+
+
+def add_filters(p) -> None:
+    """Which cells and variants run, and how (also ``bench-matrix``'s)."""
     for name in ("base", "fix", "backend", "topology"):
         p.add_argument(f"--{name}", action="append", help=f"only this {name}")
     p.add_argument("--variant", action="append", choices=VARIANTS)
@@ -361,14 +374,6 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--timeout", type=float, default=600, help="per-test seconds"
-    )
-    p.add_argument(
-        "--docs",
-        "--readme",
-        dest="docs",
-        action="store_true",
-        help="also rewrite the committed proof table, docs/proof.md "
-        "(--readme: its old name)",
     )
 
 
