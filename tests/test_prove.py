@@ -11,6 +11,7 @@ import pytest
 
 from integration_tests.harness import data
 from integration_tests.harness import devices
+from integration_tests.harness import selection
 from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 from keras_fork.proof import fixes
@@ -331,3 +332,12 @@ def test_a_waiting_multi_process_run_starts_before_later_ones():
     whole.join(10)
     single.join(10)
     assert started == ["whole", "single"]
+
+
+def test_added_tests_select_their_parameterized_cases_not_substrings():
+    added = ("test_fit",)
+    for name in ("test_fit", "test_fit[jax-2]", "test_fit_sparse", "test_fit0"):
+        assert selection.is_added_test(name, added), name
+    # -k test_fit would select these too.
+    for name in ("test_fitness", "test_predict_then_test_fit", "test_fi"):
+        assert not selection.is_added_test(name, added), name

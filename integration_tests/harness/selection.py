@@ -73,3 +73,20 @@ def proof_properties(request, record_property):
     """Records the case's ``fix`` and ``role`` (JUnit properties)."""
     record_property("fix", fix_of(request.node))
     record_property("role", role_of(request.node))
+
+
+def is_added_test(name: str, added: set[str] | tuple[str, ...]) -> bool:
+    """Whether the collected test ``name`` is one of the ``added`` test
+    functions (as a patch's diff names them) or a parameterized case of
+    one: pytest's ``test_x[...]``, absl's ``named_parameters``
+    ``test_x_<name>`` and ``parameters`` ``test_x<index>``. Unlike ``-k``,
+    which matches any substring, ``test_x`` never selects ``other_test_x``.
+    """
+    base = name.split("[")[0]
+    for n in added:
+        rest = base[len(n) :] if base.startswith(n) else None
+        if rest is not None and (
+            rest == "" or rest[0] == "_" or rest[0].isdigit()
+        ):
+            return True
+    return False

@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from integration_tests.harness import topologies
+from integration_tests.harness.selection import is_added_test
 from keras_fork.proof.fixes import Cell
 from keras_fork.proof.junit import read_junit
 from keras_fork.recipe import pins
@@ -154,14 +155,15 @@ def owns(group: Group, cell: Cell, case: dict) -> bool:
 
     An integration case carries its fix. A unit case belongs to every cell
     whose patches touch its file; on stock (which runs the added tests
-    only) it must also be one of the cell's added tests.
+    only) it must also be one of the cell's added tests
+    (``selection.is_added_test``).
     """
     if not group.units:
         return case.get("fix") == cell.fix
     unit = group.units[group.cells.index(cell)]
     if Path(case["file"]).name not in {f.name for f in unit.files}:
         return False
-    return group.variant == "fork" or case["name"].split("[")[0] in unit.names
+    return group.variant == "fork" or is_added_test(case["name"], unit.names)
 
 
 def cell_result(group: Group, cell: Cell, run: dict) -> dict:

@@ -4,7 +4,8 @@ A run is a ``groups.Group``: every selected cell of one base, variant,
 backend and topology in one process (``run_group``). An integration run
 collects its cells' fix folders, ``integration_tests/fixes/<id>/``, with
 ``PROOF_FIX`` naming them; a ``unit`` run copies the touched upstream test
-files into a folder of its own. Each test has ``--timeout`` seconds
+files into a folder of its own, and on stock keeps only the added tests
+(``PROOF_UNIT_TESTS``, by exact name). Each test has ``--timeout`` seconds
 (pytest-timeout fails it and the run goes on); a run that writes no
 progress (``harness.progress``) for ``timeout`` plus a grace period is hung
 and its process group is killed. Runs go ``--jobs`` at a time
@@ -42,8 +43,24 @@ from keras_fork.recipe import pins
 GRACE = 60.0
 
 UNIT_CONFTEST = """\
-# Written by keras_fork.proof.runner: check which keras the unit run imports.
+# Written by keras_fork.proof.runner: check which keras the unit run imports
+# and, on stock, keep only the added tests (PROOF_UNIT_TESTS: a JSON list of
+# test function names; see selection.is_added_test).
+import json
+import os
+
 from integration_tests.harness.plugin import pytest_configure  # noqa: F401
+from integration_tests.harness.selection import is_added_test
+
+
+def pytest_collection_modifyitems(config, items):
+    names = os.environ.get("PROOF_UNIT_TESTS")
+    if names is None:
+        return
+    names = set(json.loads(names))
+    keep = [i for i in items if is_added_test(i.name, names)]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
 """
 
 
@@ -118,6 +135,9 @@ def run_group(
         PYTHONDONTWRITEBYTECODE="1",
         **{progress_plugin.ENV: str(progress)},
     )
+    unit = group.unit
+    if unit is not None and group.variant == "stock":
+        env["PROOF_UNIT_TESTS"] = json.dumps(list(unit.names))
     cmd, cwd = _pytest_command(group, where.fixes, junit, timeout)
     grace = GRACE if grace is None else grace
     start = time.monotonic()
@@ -163,10 +183,7 @@ def _pytest_command(group: Group, fixes: Path, junit, timeout):
         return cmd + [str(f) for f in sorted(folders)], pins.REPO_ROOT
     cwd = junit.with_suffix(".unit")
     _unit_workdir(cwd, unit)
-    cmd += ["--rootdir", str(cwd), str(cwd)]
-    if group.variant == "stock":
-        cmd += ["-k", " or ".join(unit.names)]
-    return cmd, cwd
+    return cmd + ["--rootdir", str(cwd), str(cwd)], cwd
 
 
 def run_bounded(
