@@ -166,7 +166,9 @@ def owns(group: Group, cell: Cell, case: dict) -> bool:
     return group.variant == "fork" or is_added_test(case["name"], unit.names)
 
 
-def cell_result(group: Group, cell: Cell, run: dict) -> dict:
+def cell_result(
+    group: Group, cell: Cell, run: dict, cases: list | None = None
+) -> dict:
     """One cell's result, read off the run of its group.
 
     Args:
@@ -174,6 +176,8 @@ def cell_result(group: Group, cell: Cell, run: dict) -> dict:
         cell: one of its cells.
         run: ``runner.run_group``'s result for ``group``, which must not
             be an ``error`` (see ``after_error``).
+        cases: the run's JUnit cases (``read_junit``), when already read
+            (one read serves every cell of the group); else read here.
 
     Returns:
         A run result for the cell alone: ``fail`` when one of its cases
@@ -182,8 +186,9 @@ def cell_result(group: Group, cell: Cell, run: dict) -> dict:
         ``shared_seconds`` name the group's run and its wall time,
         ``passed_tests`` its passed proof cases (for ``vacuous``).
     """
-    junit = pins.REPO_ROOT / run["junit"]
-    cases = [c for c in read_junit(junit).cases if owns(group, cell, c)]
+    if cases is None:
+        cases = read_junit(pins.REPO_ROOT / run["junit"]).cases
+    cases = [c for c in cases if owns(group, cell, c)]
     bad = [c for c in cases if c["outcome"] in ("failure", "error")]
     skipped = sum(c["outcome"] == "skipped" for c in cases)
     ran = len(cases) - skipped

@@ -40,6 +40,7 @@ from keras_fork.proof import groups as groups_lib
 from keras_fork.proof import runner
 from keras_fork.proof import variants as variants_lib
 from keras_fork.proof.fixes import Cell
+from keras_fork.proof.junit import read_junit
 from keras_fork.proof.variants import VARIANTS
 from keras_fork.recipe import pins
 
@@ -151,8 +152,9 @@ def resolve(group, run: dict) -> tuple[dict, list]:
     else every cell's own result (``groups.cell_result``)."""
     if run["outcome"] == "error":
         return groups_lib.after_error(group, run, run.get("unfinished"))
+    cases = read_junit(pins.REPO_ROOT / run["junit"]).cases
     return {
-        c.key: groups_lib.cell_result(group, c, run) for c in group.cells
+        c.key: groups_lib.cell_result(group, c, run, cases) for c in group.cells
     }, []
 
 
@@ -184,9 +186,9 @@ def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
-                    group = pending.pop(future)
-                    retries = _record(group, future.result(), rows, console)
-                    summaries.append(_summary(group, future.result()))
+                    group, result = pending.pop(future), future.result()
+                    retries = _record(group, result, rows, console)
+                    summaries.append(_summary(group, result))
                     for retry in retries:
                         pending[pool.submit(run, retry)] = retry
                     total = progress.tasks[0].total + len(retries)

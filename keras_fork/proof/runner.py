@@ -138,7 +138,7 @@ def run_group(
     unit = group.unit
     if unit is not None and group.variant == "stock":
         env["PROOF_UNIT_TESTS"] = json.dumps(list(unit.names))
-    cmd, cwd = _pytest_command(group, where.fixes, junit, timeout)
+    cmd, cwd = _pytest_command(group, unit, where.fixes, junit, timeout)
     grace = GRACE if grace is None else grace
     start = time.monotonic()
     code = run_bounded(cmd, cwd, env, log, timeout + grace, progress)
@@ -169,15 +169,15 @@ def run_variant(
     return run_group(group, where, junit, timeout)
 
 
-def _pytest_command(group: Group, fixes: Path, junit, timeout):
-    """The pytest command line of one run, and its working folder."""
+def _pytest_command(group: Group, unit, fixes: Path, junit, timeout):
+    """The pytest command line of one run (``unit``: ``group.unit``), and
+    its working folder."""
     cmd = [
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
         "-p", progress_plugin.__name__,
         "-rfE", f"--junitxml={junit}", "-o", "junit_family=xunit1",
         f"--timeout={int(timeout)}",
     ]  # fmt: skip
-    unit = group.unit
     if unit is None:
         folders = {fixes / fix.replace("-", "_") for fix in group.fixes}
         return cmd + [str(f) for f in sorted(folders)], pins.REPO_ROOT
@@ -209,16 +209,14 @@ def run_bounded(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        last, size = time.monotonic(), -1
+        last, size = time.monotonic(), _size(progress)
         while True:
             try:
                 return proc.wait(timeout=min(1.0, limit))
             except subprocess.TimeoutExpired:
                 now = time.monotonic()
-                grown = _size(progress)
-                if grown != size:
-                    size = grown
-                    last = now if progress is not None else last
+                if progress is not None and _size(progress) != size:
+                    last, size = now, _size(progress)
                 if now - last > limit:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
@@ -226,9 +224,10 @@ def run_bounded(
 
 
 def _size(path: Path | None) -> int:
+    """``path``'s size in bytes; -1 when there is no such file."""
     try:
-        return path.stat().st_size if path is not None else 0
-    except OSError:
+        return path.stat().st_size
+    except (AttributeError, OSError):
         return -1
 
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from keras_fork.errors import ForkError
 from keras_fork.outputs import write_atomic
+from keras_fork.proof.junit import read_junit
 from keras_fork.recipe import pins
 
 STAGES_FILE = "test-stages.tsv"
@@ -84,11 +84,7 @@ def read_stages(path: Path) -> list[dict]:
 def junit_seconds(path: Path) -> float:
     """The sum of the ``time`` of every ``testcase`` of a JUnit file (0.0
     when it is missing or unreadable)."""
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return 0.0
-    return sum(float(c.get("time") or 0) for c in root.iter("testcase"))
+    return sum(c["time"] for c in read_junit(path).cases)
 
 
 def read_runs(proof_json: Path, root: Path) -> list[Run]:
