@@ -8,6 +8,10 @@ def echo(rank, world_size):
     return {"rank": rank, "world": world_size, "pid": os.getpid()}
 
 
+def parent(rank, world_size):
+    return os.getppid()
+
+
 def environ(rank, world_size):
     """The worker's environment and session, as the worker sees them."""
     return {"env": dict(os.environ), "sid": os.getsid(0), "pid": os.getpid()}
@@ -41,3 +45,12 @@ def signal_mid_work(rank, world_size):
 
 def exit_early(rank, world_size):
     raise SystemExit(3)
+
+
+def register_atexit(rank, world_size):
+    """Leaves a file behind from an atexit handler, as JAX's shutdown is."""
+    import atexit
+
+    path = os.environ["PID_DIR"] + f"/atexit-{rank}"
+    atexit.register(lambda: open(path, "w").close())
+    return os.getppid()

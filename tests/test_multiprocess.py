@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -113,3 +114,34 @@ def test_start_worker_own_session_env_over_ours_log_and_result(
     assert seen["MP_OUTER"] == "kept" and seen["RANK"] == "0"
     assert seen["WORKER_RESULT"] == str(tmp_path / "result-0.json")
     assert (tmp_path / "worker-0.log").exists()
+
+
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_workers_run_their_atexit_handlers_either_way(tmp_path, start):
+    """A forked worker ends as ``python -m`` would: its atexit handlers run
+    (JAX's shutdown barrier is one). ``spawn`` starts a fresh interpreter,
+    a child of this process; ``forkserver`` forks it from the fork server."""
+    parents = workers.run_workers(
+        "tests.mp_targets:register_atexit",
+        world_size=2,
+        timeout=60,
+        env={"PID_DIR": str(tmp_path), "PROOF_WORKER_START": start},
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "atexit-0",
+        "atexit-1",
+    ]
+    if start == "spawn":
+        assert parents == [os.getpid()] * 2
+    else:
+        assert os.getpid() not in parents
+
+
+def test_a_worker_for_another_keras_is_spawned(monkeypatch):
+    """The fork server preloaded the keras of one ``PYTHONPATH`` and
+    ``KERAS_BACKEND``; a worker whose environment names another is started
+    fresh (a child of this process) instead of forked from it."""
+    (first,) = workers.run_workers("tests.mp_targets:parent", 1, 60)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", *sys.path]))
+    (other,) = workers.run_workers("tests.mp_targets:parent", 1, 60)
+    assert other == os.getpid() != first
