@@ -12,6 +12,7 @@ Verbs (the ``scripts/`` entry points call these):
   bench    fork/stock step time, shuffle cost, work per step (bench)
   bench-matrix  the matrix's wall time, a process per cell vs per group
   status   each series against its base and the newest keras-nightly
+  regressions  upstream's own unit tests, stock vs fork, test by test
 
 A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``
 (or, for a module of several verbs, ``<verb>_arguments`` and ``<verb>``);
@@ -46,6 +47,10 @@ VERBS = {
         "matrix time: per cell vs grouped",
     ),
     "status": ("keras_fork.upstream.status", "each series against upstream"),
+    "regressions": (
+        "keras_fork.upstream.regressions",
+        "upstream's unit tests, stock vs fork",
+    ),
 }
 
 

@@ -13,7 +13,8 @@ class JUnitResult:
 
     ``counts``: the suite's tests, failures, errors and skipped (empty when
     the file is missing or unreadable); ``cases``: for each test case its
-    name, file (as pytest reports it, relative to the rootdir), outcome
+    name, classname, file (as pytest reports it, relative to the rootdir),
+    outcome
     (passed/failure/error/skipped), role (``proof`` unless the test's
     ``role`` property says otherwise), fix (its ``fix`` property, or
     None), time (seconds, setup and teardown included) and text (the first
@@ -58,6 +59,7 @@ def _case(node) -> dict:
     props = {p.get("name"): p.get("value") for p in node.iter("property")}
     return {
         "name": node.get("name"),
+        "classname": node.get("classname") or "",
         "file": node.get("file") or "",
         "outcome": outcome,
         "role": props.get("role", "proof"),
