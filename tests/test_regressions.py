@@ -1,0 +1,105 @@
+"""The regressions verb's comparison and test layout (no keras run)."""
+
+import pytest
+
+from keras_fork.errors import ForkError
+from keras_fork.upstream import regressions as r
+
+STOCK = {
+    "a_test.py::A::test_ok": ("passed", ""),
+    "a_test.py::A::test_broken_by_fork": ("passed", ""),
+    "a_test.py::A::test_fixed_by_fork": ("failure", "AssertionError"),
+    "a_test.py::A::test_orbax": ("error", "No module named 'orbax.checkpoint'"),
+    "a_test.py::A::test_upstream_bug": ("failure", "ValueError: nope"),
+    "a_test.py::A::test_skipped": ("skipped", ""),
+    "b_test.py::::b_test": ("passed", ""),
+}
+FORK = dict(
+    STOCK,
+    **{
+        "a_test.py::A::test_broken_by_fork": ("failure", "AssertionError: 1"),
+        "a_test.py::A::test_fixed_by_fork": ("passed", ""),
+        "a_test.py::A::test_skipped": ("failure", "only run on fork"),
+    },
+)
+
+
+def test_each_test_lands_in_its_category():
+    fork = dict(FORK)
+    del fork["b_test.py::::b_test"]  # a collection error on one side
+    fork["c_test.py::::c_test"] = ("error", "collection failure")
+    got = r.compare(STOCK, fork)
+    assert got.run == 5  # skipped on either side: not compared
+    assert got.regressions == [
+        ("a_test.py::A::test_broken_by_fork", "AssertionError: 1")
+    ]
+    assert got.newly_passing == ["a_test.py::A::test_fixed_by_fork"]
+    assert got.one_sided == [
+        ("b_test.py::::b_test", "stock"),
+        ("c_test.py::::c_test", "fork"),
+    ]
+    assert got.common == [
+        ("a_test.py::A::test_orbax", "missing dependency orbax.checkpoint"),
+        ("a_test.py::A::test_upstream_bug", "upstream"),
+    ]
+    assert not got.ok
+
+
+def test_identical_sides_are_ok():
+    assert r.compare(STOCK, dict(STOCK)).ok
+
+
+def _tree(tmp_path):
+    tree = tmp_path / "tree"
+    for f in (
+        "keras/src/losses/loss.py",
+        "keras/src/losses/loss_test.py",
+        "keras/src/trainers/trainer_test.py",
+        "keras/src/backend/jax/core_test.py",
+        "keras/src/backend/torch/core_test.py",
+        "keras/src/ops/nn.py",
+    ):
+        (tree / f).parent.mkdir(parents=True, exist_ok=True)
+        (tree / f).write_text("")
+    (tree / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\nfilterwarnings = ["error", '
+        '"ignore::DeprecationWarning"]\n'
+    )
+    patch = tmp_path / "p.patch"
+    patch.write_text(
+        "+++ b/keras/src/losses/loss.py\n+++ b/keras/src/ops/nn.py\n"
+    )
+    return tree, patch
+
+
+def test_default_tier_is_the_touched_files_tests_and_the_folders(
+    tmp_path, monkeypatch
+):
+    tree, patch = _tree(tmp_path)
+    monkeypatch.setattr(r, "DEFAULT_DIRS", ("keras/src/trainers",))
+    assert r.default_files(tree, [patch], "jax") == [
+        "keras/src/backend/jax/core_test.py",
+        "keras/src/losses/loss_test.py",  # beside loss.py; nn.py has none
+        "keras/src/trainers/trainer_test.py",
+    ]
+
+
+def test_another_backends_folder_is_left_out_and_unknown_modules_refused(
+    tmp_path,
+):
+    tree, _ = _tree(tmp_path)
+    files = sorted(r._for_backend(r._tests_under(tree, "keras"), "torch"))
+    assert "keras/src/backend/jax/core_test.py" not in files
+    assert "keras/src/backend/torch/core_test.py" in files
+    with pytest.raises(ForkError, match="no such test file or folder"):
+        r._tests_under(tree, "keras/src/nowhere")
+
+
+def test_layout_keeps_paths_conftest_and_upstreams_warning_filters(tmp_path):
+    tree, _ = _tree(tmp_path)
+    work = tmp_path / "work"
+    r.lay_out_tests(tree, ["keras/src/losses/loss_test.py"], work)
+    assert (work / "keras/src/losses/loss_test.py").is_file()
+    assert "import torch" in (work / "conftest.py").read_text()
+    ini = (work / "pytest.ini").read_text()
+    assert "filterwarnings =\n    error\n    ignore::DeprecationWarning" in ini
