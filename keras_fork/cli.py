@@ -5,6 +5,7 @@ Verbs (the ``scripts/`` entry points call these):
            PR series into dist/                          (recipe)
   export   rewrite patches/<base>/ from the materialized tree (recipe)
   check    fail when re-exporting the materialized tree changes patches/
+  rebase   move a base's series onto another pinned base (git rebase)
   prove    run the stock-vs-fork proof matrix            (proof)
   bisect   every shorter prefix of each series builds and passes its tests
   fixes    the fix catalog: bases, issue, upstream status, cells, patches
@@ -37,6 +38,7 @@ VERBS = {
     "build": (_RECIPE, "wheels and PR series into dist/"),
     "export": (_RECIPE, "rewrite patches/<V> from the tree"),
     "check": (_RECIPE, "re-export must reproduce patches/"),
+    "rebase": ("keras_fork.recipe.rebase", "move a series onto a new base"),
     "prove": ("keras_fork.proof.prove", "run the stock-vs-fork proof matrix"),
     "bisect": ("keras_fork.proof.bisect", "every series prefix builds, passes"),
     "fixes": ("keras_fork.proof.catalog", "the fix catalog and its cells"),

@@ -30,12 +30,31 @@ FILES = {
 }
 
 
-def make_sdist(folder: Path, files=FILES) -> Path:
-    """Writes keras-9.9.9.tar.gz into ``folder``; returns its path."""
-    path = folder / f"keras-{VERSION}.tar.gz"
+NIGHTLY = "9.10.0.dev2026010101"
+
+
+def nightly_files(shuffle: str) -> dict[str, str]:
+    """A fake keras-nightly sdist's files: no test files, the project named
+    ``keras-nightly``, ``keras/src/shuffle.py`` holding ``shuffle``."""
+    files = {
+        name: text.replace(VERSION, NIGHTLY)
+        for name, text in FILES.items()
+        if not name.endswith("_test.py")
+    }
+    files["pyproject.toml"] = files["pyproject.toml"].replace(
+        'name = "keras"', 'name = "keras-nightly"'
+    )
+    files["keras/src/shuffle.py"] = shuffle
+    return files
+
+
+def make_sdist(folder: Path, files=FILES, stem=f"keras-{VERSION}") -> Path:
+    """Writes ``<stem>.tar.gz`` (default keras-9.9.9) into ``folder``;
+    returns its path."""
+    path = folder / f"{stem}.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
         for name in [""] + sorted(files):
-            info = tarfile.TarInfo(f"keras-{VERSION}/{name}".rstrip("/"))
+            info = tarfile.TarInfo(f"{stem}/{name}".rstrip("/"))
             info.mtime = EPOCH
             if not name:
                 info.type, info.mode = tarfile.DIRTYPE, 0o755

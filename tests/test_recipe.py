@@ -289,7 +289,7 @@ def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
     assert "## Problem\n\nBecause tests want it.\n" in body
     # git am onto a pristine unpack of the sdist.
     pristine = tmp_path / "pristine"
-    sdist.unpack(archive, base.version, pristine)
+    sdist.unpack(archive, base, pristine)
     env = series.git_env(fake.EPOCH)
     series.git(pristine, "init", "-q", env=env)
     series.git(pristine, "add", "-A", env=env)
@@ -406,7 +406,7 @@ def test_status_classifies_patches_by_content(upstream, tmp_path):
     (name,) = _add_fix(layout, base, tree)
     patch = series.series_dir(layout, base) / name
     pristine = tmp_path / "pristine"
-    sdist.unpack(archive, base.version, pristine)
+    sdist.unpack(archive, base, pristine)
     assert status.classify(pristine, patch) == "applies"
     assert status.classify(tree, patch) == "upstream"  # already has it
     (pristine / "keras/src/shuffle.py").write_text("def other():\n    pass\n")
@@ -429,7 +429,7 @@ def test_status_checks_a_series_cumulatively(upstream, tmp_path):
     names = series.export(tree, series.series_dir(layout, base))
     patches = [series.series_dir(layout, base) / n for n in names]
     pristine = tmp_path / "pristine"
-    sdist.unpack(archive, base.version, pristine)
+    sdist.unpack(archive, base, pristine)
     assert status.classify(pristine, patches[1]) == "conflict"
     assert status.check_series(pristine, patches) == ["applies", "applies"]
     assert "range(n)[::-1]" in (pristine / "keras/src/shuffle.py").read_text()
@@ -455,8 +455,8 @@ def test_status_leaves_out_test_files_the_sdist_lacks(upstream, tmp_path):
     patch = tmp_path / "reverse.patch"
     patch.write_text(series.git(tree, "format-patch", "-1", "--stdout"))
     nightly = tmp_path / "nightly"  # the base's sources, no test file
-    sdist.unpack(archive, base.version, nightly)
-    assert status.missing_tests(nightly, patch) == ["keras/src/shuffle_test.py"]
+    sdist.unpack(archive, base, nightly)
+    assert series.missing_tests(nightly, patch) == ["keras/src/shuffle_test.py"]
     state = "applies (1 test files not in the sdist)"
     assert status.classify(nightly, patch) == state
     assert status.check_series(nightly, [patch]) == [state]

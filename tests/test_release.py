@@ -45,7 +45,7 @@ def test_second_build_is_byte_identical(base, tmp_path):
 def test_pr_series_applies_to_the_pristine_sdist(base, tmp_path):
     archive = sdist.fetch(LAYOUT, base)
     tree = tmp_path / "pristine"
-    sdist.unpack(archive, base.version, tree)
+    sdist.unpack(archive, base, tree)
     env = series.git_env(0)
     series.git(tree, "init", "-q", env=env)
     series.git(tree, "add", "-A", env=env)

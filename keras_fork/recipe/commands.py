@@ -78,6 +78,13 @@ def build(args, layout: pins.Layout) -> int:
 def export(args, layout: pins.Layout) -> int:
     """Rewrites ``patches/<V>/`` from the materialized tree."""
     base = pins.get_base(layout, args.base)
+    if not base.sdist_tests:
+        raise ForkError(
+            f"base {base.version}'s sdist has no test files: its tree lacks "
+            "the series' test hunks. Change its series in a rebase work "
+            f"tree (build/rebase/{base.version}, `python -m keras_fork "
+            "rebase`) or on a Keras git checkout"
+        )
     tree = layout.tree(base.version)
     if not (tree / ".git").is_dir():
         raise ForkError(f"no materialized tree at {tree}: run scripts/build")

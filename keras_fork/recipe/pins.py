@@ -15,6 +15,8 @@ from keras_fork.errors import ForkError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# PyPI projects that publish Keras's source: releases and master's nightlies.
+PACKAGES = ("keras", "keras-nightly")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +67,10 @@ class Base:
     """One pinned upstream release.
 
     Attributes:
-        version: the PyPI version of ``keras``, e.g. ``"3.15.1"``.
-        sdist_sha256: 64 lowercase hex digits, the sha256 of
-            ``keras-<version>.tar.gz`` as published on PyPI.
+        version: the PyPI version of ``package``, e.g. ``"3.15.1"`` or
+            ``"3.16.0.dev2026102704"``.
+        sdist_sha256: 64 lowercase hex digits, the sha256 of the sdist
+            (``sdist_name``) as published on PyPI.
         fork_build: N of the PEP 440 local label ``+fork.N`` (PEP 440,
             "Local version identifiers"), >= 1.
         test_overlay: requirement pins that replace those of
@@ -75,6 +78,13 @@ class Base:
         pip_check_known: substrings of ``pip check`` lines that are known
             and accepted for this base beside the pinned stack (e.g. a
             tensorflow that requires a newer keras than the base).
+        package: the PyPI project of the sdist: ``keras`` (a release) or
+            ``keras-nightly`` (upstream master, published nightly). The
+            fork wheel is named ``keras`` either way: a drop-in.
+        sdist_tests: whether the sdist ships Keras's ``*_test.py`` files.
+            Release sdists do; ``keras-nightly`` sdists do not, so the
+            series' test hunks cannot apply to them (see
+            ``series.materialize``).
     """
 
     version: str
@@ -82,6 +92,8 @@ class Base:
     fork_build: int
     test_overlay: tuple[str, ...] = ()
     pip_check_known: tuple[str, ...] = ()
+    package: str = "keras"
+    sdist_tests: bool = True
 
     @property
     def fork_version(self) -> str:
@@ -118,8 +130,19 @@ class Base:
         return "\n".join(kept) + "\n"
 
     @property
+    def sdist_stem(self) -> str:
+        """``<project>-<version>`` as the sdist spells it (PEP 625: the
+        project name with ``-`` as ``_``); also its top folder."""
+        return f"{self.package.replace('-', '_')}-{self.version}"
+
+    @property
     def sdist_name(self) -> str:
-        return f"keras-{self.version}.tar.gz"
+        return f"{self.sdist_stem}.tar.gz"
+
+    @property
+    def requirement(self) -> str:
+        """What ``pip download`` asks for, e.g. ``keras==3.15.1``."""
+        return f"{self.package}=={self.version}"
 
     @property
     def wheel_name(self) -> str:
@@ -130,6 +153,29 @@ def _project_name(requirement: str) -> str:
     """``"JAX_lib==0.4.38"`` -> ``"jax-lib"`` (PEP 503 normalization)."""
     name = re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0]
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _source(layout: Layout, version: str, table: dict) -> tuple[str, bool]:
+    """``(package, sdist_tests)`` of a base's table: ``package`` defaults to
+    ``keras``, ``sdist_tests`` to whether the package is ``keras``
+    (``keras-nightly`` sdists ship no test files).
+
+    Raises:
+        ForkError: an unknown package, or a non-boolean ``sdist_tests``.
+    """
+    package = table.get("package", "keras")
+    if package not in PACKAGES:
+        raise ForkError(
+            f"{layout.pins}: base {version}: package must be one of "
+            f"{', '.join(PACKAGES)}, got {package!r}"
+        )
+    tests = table.get("sdist_tests", package == "keras")
+    if not isinstance(tests, bool):
+        raise ForkError(
+            f"{layout.pins}: base {version}: sdist_tests must be true or "
+            f"false, got {tests!r}"
+        )
+    return package, tests
 
 
 def load_bases(layout: Layout) -> dict[str, Base]:
@@ -179,7 +225,10 @@ def load_bases(layout: Layout) -> dict[str, Base]:
                 f"{layout.pins}: base {version}: pip_check_known must be a "
                 f"list of non-empty strings, got {known!r}"
             )
-        bases[version] = Base(version, sha, build, overlay, tuple(known))
+        package, tests = _source(layout, version, table)
+        bases[version] = Base(
+            version, sha, build, overlay, tuple(known), package, tests
+        )
     if not bases:
         raise ForkError(f"pins file {layout.pins} declares no base")
     return bases

@@ -44,14 +44,14 @@ def _pip_download(base: Base, dest: Path) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps",
         "--no-binary", ":all:", "--no-build-isolation",
         "--disable-pip-version-check", "-d", str(dest),
-        f"keras=={base.version}",
+        base.requirement,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = dest / base.sdist_name
     if proc.returncode != 0 or not found.is_file():
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
         raise ForkError(
-            f"could not download keras=={base.version} from the package index "
+            f"could not download {base.requirement} from the package index "
             f"and no cached sdist exists.\npip said:\n{tail}\n"
             f"Without network, pass the sdist with --sdist PATH "
             f"({base.sdist_name}, sha256 {base.sdist_sha256})."
@@ -68,7 +68,7 @@ def fetch(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
         sdist: an sdist file to use instead of downloading (offline builds).
 
     Returns:
-        The path ``<cache>/keras-<version>.tar.gz``, whose sha256 matches.
+        The path ``<cache>/<sdist_name>``, whose sha256 matches.
 
     Raises:
         ForkError: hash mismatch (expected and actual are named; nothing is
@@ -97,25 +97,25 @@ def fetch(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
     return cached
 
 
-def source_date_epoch(path: Path, version: str) -> int:
+def source_date_epoch(path: Path, base: Base) -> int:
     """The upstream release time: mtime (s since epoch) of the sdist's
     PKG-INFO. Used as SOURCE_DATE_EPOCH and as git dates, so that trees and
     wheels are reproducible."""
     with tarfile.open(path, "r:gz") as tar:
-        return int(tar.getmember(f"keras-{version}/PKG-INFO").mtime)
+        return int(tar.getmember(f"{base.sdist_stem}/PKG-INFO").mtime)
 
 
-def unpack(path: Path, version: str, dest: Path) -> None:
-    """Unpacks the sdist's ``keras-<version>/`` folder into ``dest``.
+def unpack(path: Path, base: Base, dest: Path) -> None:
+    """Unpacks the sdist's top folder (``base.sdist_stem``) into ``dest``.
 
     ``dest`` must not exist; it is created. Members are filtered with
     tarfile's ``data`` filter (no absolute paths, links out of the tree, or
     foreign owners).
 
     Raises:
-        ForkError: the archive does not hold ``keras-<version>/``.
+        ForkError: the archive does not hold ``<sdist_stem>/``.
     """
-    top = f"keras-{version}"
+    top = base.sdist_stem
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         with tarfile.open(path, "r:gz") as tar:
             names = tar.getnames()
@@ -123,7 +123,7 @@ def unpack(path: Path, version: str, dest: Path) -> None:
                 n != top and not n.startswith(top + "/") for n in names
             ):
                 raise ForkError(
-                    f"{path} is not a keras {version} sdist: every member "
+                    f"{path} is not a {base.requirement} sdist: every member "
                     f"must live under {top}/"
                 )
             tar.extractall(tmp, filter="data")

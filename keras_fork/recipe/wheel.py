@@ -61,10 +61,31 @@ def _stage(tree: Path, dest: Path, base: Base) -> None:
             f'`__version__ = "{base.version}"` line; cannot set the fork label'
         )
     version_py.write_text(new)
+    if base.package != "keras":
+        _rename_project(dest / "pyproject.toml", base)
     # sdist artifacts: setuptools regenerates them from pyproject.toml.
     (dest / "PKG-INFO").unlink(missing_ok=True)
     for egg in dest.glob("*.egg-info"):
         shutil.rmtree(egg)
+
+
+def _rename_project(pyproject: Path, base: Base) -> None:
+    """Names the distribution ``keras`` in ``pyproject`` (a nightly's says
+    ``keras-nightly``), so that the fork wheel is a drop-in ``keras``.
+
+    Raises:
+        ForkError: ``pyproject`` has not exactly one ``name = "<package>"``
+            line.
+    """
+    text = pyproject.read_text()
+    pattern = rf'^name = "{re.escape(base.package)}"$'
+    new, n = re.subn(pattern, 'name = "keras"', text, flags=re.M)
+    if n != 1:
+        raise ForkError(
+            f"pyproject.toml of base {base.version} does not hold exactly "
+            f'one `name = "{base.package}"` line; cannot name the wheel keras'
+        )
+    pyproject.write_text(new)
 
 
 def patch_manifest(layout: Layout, base: Base) -> list[dict]:
@@ -118,9 +139,7 @@ def build(layout: Layout, base: Base, tree: Path) -> Path:
     Raises:
         ForkError: the build frontend, or the manifest step, failed.
     """
-    epoch = sdist_lib.source_date_epoch(
-        layout.cache / base.sdist_name, base.version
-    )
+    epoch = sdist_lib.source_date_epoch(layout.cache / base.sdist_name, base)
     manifest = patch_manifest(layout, base)
     layout.dist.mkdir(parents=True, exist_ok=True)
     layout.build.mkdir(parents=True, exist_ok=True)

@@ -30,39 +30,13 @@ from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
 
 
-def missing_tests(tree: Path, patch: Path) -> list[str]:
-    """Test files (``*_test.py``) that ``patch`` changes but ``tree`` lacks.
-
-    PyPI sdists of ``keras-nightly`` ship no test files, while the release
-    sdists we pin do; a patch's test hunks cannot apply there and say
-    nothing about drift, so the radar leaves them out (``git apply
-    --exclude``). Files the patch creates are not missing.
-
-    Returns:
-        Paths relative to the tree root, in patch order.
-    """
-    text = patch.read_text(encoding="utf-8", errors="replace")
-    missing = []
-    for block in text.split("\ndiff --git a/")[1:]:
-        header, _, rest = block.partition("\n")
-        path = header.split(" b/", 1)[0]
-        creates = rest.startswith("new file mode")
-        if (
-            path.endswith("_test.py")
-            and not creates
-            and not (tree / path).exists()
-        ):
-            missing.append(path)
-    return missing
-
-
 def classify(tree: Path, patch: Path) -> str:
     """``applies``, ``upstream`` or ``conflict`` for ``patch`` on ``tree``.
 
     Test files the tree lacks are left out (see ``missing_tests``); the
     state then says so, e.g. ``applies (2 test files not in the sdist)``.
     """
-    excludes = [f"--exclude={f}" for f in missing_tests(tree, patch)]
+    excludes = [f"--exclude={f}" for f in series.missing_tests(tree, patch)]
 
     def ok(*flags):
         proc = subprocess.run(
@@ -128,7 +102,8 @@ def check_series(tree: Path, patches: list[Path]) -> list[str]:
     for patch in patches:
         state = classify(tree, patch)
         if state.startswith("applies"):
-            excludes = [f"--exclude={f}" for f in missing_tests(tree, patch)]
+            absent = series.missing_tests(tree, patch)
+            excludes = [f"--exclude={f}" for f in absent]
             subprocess.run(
                 ["git", "apply", *excludes, str(patch.resolve())],
                 cwd=tree,
