@@ -181,3 +181,24 @@ def test_a_nightly_tree_re_exports_its_series_without_test_hunks(
     argv = ["--root", str(layout.root), "export", "--base", fake.NIGHTLY]
     assert cli.main(argv) == 2
     assert "has no test files" in capsys.readouterr().err
+
+
+def test_a_file_gone_upstream_is_named_as_such(tmp_path, capsys):
+    """Master deleted or moved a file the patch changes (e.g. the OpenVINO
+    backend's layer.py): a modify/delete conflict, named as such."""
+    layout = _layout(tmp_path, MOVED)
+    _add_fix(layout)
+    new = pins.get_base(layout, fake.NIGHTLY)
+    files = fake.nightly_files(MOVED)
+    del files["keras/src/shuffle.py"]
+    stem = f"keras_nightly-{fake.NIGHTLY}"
+    archive = fake.make_sdist(tmp_path / "repo", files, stem)
+    layout.pins.write_text(
+        layout.pins.read_text().replace(new.sdist_sha256, _sha(archive))
+    )
+    (layout.cache / archive.name).write_bytes(archive.read_bytes())
+    assert _rebase(layout) == 1
+    assert (
+        "conflict in keras/src/shuffle.py: deleted or moved on the new base"
+        in capsys.readouterr().out
+    )

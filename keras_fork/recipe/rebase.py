@@ -155,10 +155,20 @@ def describe_stop(work: Path) -> str:
     subject = series.git(work, "log", "-1", "--format=%s", "REBASE_HEAD")
     lines = [f"patch {done}/{total} {subject.strip()!r}"]
     unmerged = series.git(work, "diff", "--name-only", "--diff-filter=U")
+    # "DU": deleted on the new base (the side rebased onto), changed by the
+    # patch (git status's porcelain codes).
+    gone = {
+        line[3:]
+        for line in series.git(work, "status", "--porcelain").splitlines()
+        if line.startswith("DU ")
+    }
     for f in unmerged.split():
-        hunks = conflict_hunks((work / f).read_text(errors="replace"))
-        where = ", ".join(f"lines {a}-{b}" for a, b in hunks) or "whole file"
-        lines.append(f"  conflict in {f}: {where}")
+        if f in gone:
+            where = "deleted or moved on the new base; the patch changes it"
+        else:
+            hunks = conflict_hunks((work / f).read_text(errors="replace"))
+            where = ", ".join(f"lines {a}-{b}" for a, b in hunks)
+        lines.append(f"  conflict in {f}: {where or 'whole file'}")
     if not unmerged.split():
         lines.append(
             "  the patch is empty on the new base: its change is already "
