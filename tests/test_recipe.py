@@ -285,8 +285,15 @@ def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
         assert f"\n{trailer}: " not in text
     assert "Fixes keras-team/keras#1" in text
     body = (out / "0001-Reverse-the-order.md").read_text()
-    assert "keras-team/keras/issues/1" in body
-    assert "## Problem\n\nBecause tests want it.\n" in body
+    assert "\nFixes keras-team/keras#1\n" in body
+    assert body.startswith("## Description\n\nBecause tests want it.\n")
+    # Keras's PR template: the agreement's boxes, unticked; no proof run,
+    # no placeholder in the body: the cover letter says so.
+    assert "## Contributor Agreement\n\n- [ ] I am a human" in body
+    assert "Proof" not in body and "scripts/" not in body
+    cover = (out / "0000-cover-letter.patch").read_text()
+    assert "Subject: [PATCH 0/1] " in cover and "proof: not run" in cover
+    assert " 1 files changed, 1 insertions(+), 1 deletions(-)" in cover
     # git am onto a pristine unpack of the sdist.
     pristine = tmp_path / "pristine"
     sdist.unpack(archive, base, pristine)
@@ -505,3 +512,37 @@ def test_format_patch_name_follows_git(tmp_path):
     )  # fmt: skip
     made = [f.name[5:] for f in sorted(out.glob("*.patch"))]
     assert made == [series.format_patch_name(s) for s in SUBJECTS]
+
+
+def test_fixes_is_claimed_once_per_issue_across_the_series():
+    def info(subject, issue, closes):
+        return series.PatchInfo(subject, subject, subject, {}, issue, "",
+                                closes)  # fmt: skip
+
+    infos = [
+        info("a", "keras-team/keras#7", True),
+        info("b", "keras-team/keras#7", True),
+        info("c", "keras-team/keras#8", False),
+        info("d", None, False),
+    ]
+    assert prseries.issue_lines(infos) == [
+        "Fixes keras-team/keras#7",
+        "Refs keras-team/keras#7",
+        "Refs keras-team/keras#8",
+        "",
+    ]
+
+
+def test_the_pr_author_is_the_builders_git_identity(upstream, monkeypatch):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    _add_fix(layout, base, tree)
+    tree = series.materialize(layout, base)
+    series.git(layout.root, "init", "-q")
+    series.git(layout.root, "config", "user.name", "Ada Lovelace")
+    series.git(layout.root, "config", "user.email", "ada@example.org")
+    out = prseries.write(layout, base, tree)
+    patch = (out / "0001-Reverse-the-order.patch").read_text()
+    assert "\nFrom: Ada Lovelace <ada@example.org>\n" in patch
+    cover = (out / "0000-cover-letter.patch").read_text()
+    assert "\nAda Lovelace (1):\n  Reverse the order\n" in cover

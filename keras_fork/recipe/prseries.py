@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -24,8 +25,7 @@ PR_FLAGS = (
     "--numbered",
     "--cover-letter",
 )
-_FIXES_LINE = re.compile(r"^Fixes [\w./-]+#\d+\s*$")
-ISSUE_URL = "https://github.com/{repo}/issues/{num}"
+_FIXES_LINE = re.compile(r"^(Fixes|Refs) [\w./-]+#\d+\s*$")
 
 
 def pr_series_dir(layout: Layout, base: Base) -> Path:
@@ -40,19 +40,60 @@ def proof_cells(layout: Layout) -> list[dict]:
         return []
 
 
-def _issue_link(issue: str | None) -> str:
-    if not issue:
-        return "(no upstream issue)"
-    repo, num = issue.split("#")
-    return f"[{issue}]({ISSUE_URL.format(repo=repo, num=num)})"
+def issue_lines(infos: list[series.PatchInfo]) -> list[str]:
+    """The issue line of each PR body, in series order.
+
+    ``Fixes <issue>`` closes the issue when GitHub merges the PR, so only
+    the first patch whose commit says ``Fixes`` for an issue keeps it; the
+    others, and every ``Refs`` line, say ``Refs <issue>`` (GitHub: "Linking
+    a pull request to an issue"). A patch with neither line gets no issue
+    line (an empty string).
+    """
+    closed, lines = set(), []
+    for info in infos:
+        issue = info.upstream_issue
+        if not issue:
+            lines.append("")
+        elif info.closes and issue not in closed:
+            closed.add(issue)
+            lines.append(f"Fixes {issue}")
+        else:
+            lines.append(f"Refs {issue}")
+    return lines
+
+
+# Keras's pull request template: a Description, then the contributor
+# agreement, whose boxes the person who sends the PR ticks.
+AGREEMENT = "\n".join(
+    [
+        "## Contributor Agreement",
+        "",
+        "- [ ] I am a human, and not a bot.",
+        "- [ ] I will be responsible for responding to review comments in a "
+        "timely manner.",
+        "- [ ] I will work with the maintainers to push this PR forward until "
+        "submission.",
+        "",
+    ]
+)
 
 
 def render_pr_body(
-    info: series.PatchInfo, base: Base, cells: list[dict]
+    info: series.PatchInfo, base: Base, cells: list[dict], issue: str = ""
 ) -> str:
-    """Markdown PR body: problem, change, tests, proof rows of the fix."""
+    """Markdown PR body in Keras's template: the description (problem,
+    change, issue line), the unit tests the patch adds, the proof cells of
+    its fix when a proof run exists (none: no proof section; the cover
+    letter says the proof was not run), and the contributor agreement.
+
+    Args:
+        info: the patch.
+        base: the base the series is on.
+        cells: ``dist/proof.json``'s cells (may be empty).
+        issue: the patch's line from ``issue_lines``.
+    """
     # Commit-message convention of the series: the first paragraph states
-    # the problem, the rest the change; the `Fixes` line becomes the link.
+    # the problem, the rest the change; the issue line is `issue`.
     paragraphs = [
         p for p in info.message.split("\n\n") if not _FIXES_LINE.match(p)
     ]
@@ -63,33 +104,18 @@ def render_pr_body(
         for c in cells
         if c.get("fix") == info.fix and c["base"] == base.version
     ]
-    lines = [
-        f"# {info.subject}",
-        "",
-        "## Problem",
-        "",
-        problem,
-        "",
-        f"Upstream issue: {_issue_link(info.upstream_issue)} "
-        f"(base: keras {base.version}).",
-        "",
-        "## Change",
-        "",
-        change,
-        "",
-        "## Tests",
-        "",
-    ]
-    tests = info.added_tests()
+    lines = ["## Description", "", problem, "", change, ""]
+    if issue:
+        lines += [issue, ""]
+    lines += ["### Tests", ""]
+    tests = sorted(set(info.added_tests()), key=info.added_tests().index)
     lines += [f"- `{t}`" for t in tests] or ["- (this patch adds no unit test)"]
-    lines += [
-        "",
-        "## Proof (stock vs this patch, per backend and topology)",
-        "",
-    ]
+    lines.append("")
     if rows:
         lines += [
-            "| backend | topology | stock | fork | verdict |",
+            f"### Proof on keras {base.version} (stock vs this patch)",
+            "",
+            "| backend | topology | stock | patched | verdict |",
             "|---|---|---|---|---|",
         ]
         lines += [
@@ -99,9 +125,8 @@ def render_pr_body(
             + " |"
             for c in rows
         ]
-    else:
-        lines.append("Not measured yet: run `scripts/prove` and rebuild.")
-    return "\n".join(lines) + "\n"
+        lines.append("")
+    return "\n".join(lines) + "\n" + AGREEMENT
 
 
 def write(layout: Layout, base: Base, tree: Path) -> Path:
@@ -122,39 +147,9 @@ def write(layout: Layout, base: Base, tree: Path) -> Path:
         staged.mkdir()
         if infos:  # an empty series has nothing to send, not even a cover
             files = series.format_patch(tree, staged, PR_FLAGS)
-            total = len(infos) + len(repo_only)
-            for i, patch in enumerate(repo_only, start=len(infos) + 1):
-                name = series.format_patch_name(
-                    series.parse_patch(patch).subject
-                )
-                f = staged / f"{i:04d}-{name}"
-                f.write_text(
-                    patch.read_text().replace(
-                        "\nSubject: ", f"\nSubject: [PATCH {i}/{total}] ", 1
-                    )
-                )
-                files.append(f)
+            files += _add_repo_only(staged, repo_only, len(infos))
             infos += [series.parse_patch(p) for p in repo_only]
-            cover, patches = files[0], files[1:]
-            for f, info in zip(patches, infos, strict=True):
-                text = re.sub(
-                    r"^(Subject: \[PATCH \d+)/\d+\]",
-                    rf"\1/{total}]",
-                    f.read_text(),
-                    count=1,
-                    flags=re.M,
-                )
-                f.write_text(series.strip_fork_trailers(text))
-                body = render_pr_body(info, base, cells)
-                f.with_suffix(".md").write_text(body)
-            cover.write_text(
-                re.sub(
-                    r"\[PATCH 0/\d+\]",
-                    f"[PATCH 0/{total}]",
-                    _cover(cover.read_text(), base, infos),
-                    count=1,
-                )
-            )
+            _finish(layout, base, files, infos, cells)
         old = Path(tmp) / "old"
         if dest.exists():
             dest.rename(old)
@@ -162,21 +157,118 @@ def write(layout: Layout, base: Base, tree: Path) -> Path:
     return dest
 
 
-def _cover(text: str, base: Base, infos: list[series.PatchInfo]) -> str:
+def _add_repo_only(staged: Path, repo_only: list[Path], n: int) -> list[Path]:
+    """Copies the repo-only patches after the ``n`` formatted ones."""
+    files = []
+    for i, patch in enumerate(repo_only, start=n + 1):
+        name = series.format_patch_name(series.parse_patch(patch).subject)
+        f = staged / f"{i:04d}-{name}"
+        f.write_text(
+            patch.read_text().replace("\nSubject: ", "\nSubject: [PATCH] ", 1)
+        )
+        files.append(f)
+    return files
+
+
+def _finish(layout, base, files: list[Path], infos, cells) -> None:
+    """Numbers every patch ``k/total``, strips the fork trailers, sets the
+    author, writes each PR body beside its patch and the cover letter."""
+    cover, patches = files[0], files[1:]
+    total = len(patches)
+    width = len(str(total))
+    author = author_identity(layout.root)
+    for k, (f, info, issue) in enumerate(
+        zip(patches, infos, issue_lines(infos), strict=True), start=1
+    ):
+        text = re.sub(
+            r"^Subject: \[PATCH[^\]]*\]",
+            f"Subject: [PATCH {k:0{width}d}/{total}]",
+            f.read_text(),
+            count=1,
+            flags=re.M,
+        )
+        if author:
+            text = re.sub(r"^From: .*$", f"From: {author}", text, 1, re.M)
+        f.write_text(series.strip_fork_trailers(text))
+        f.with_suffix(".md").write_text(
+            render_pr_body(info, base, cells, issue)
+        )
+    cover.write_text(_cover(base, infos, patches, author, bool(cells), width))
+
+
+def author_identity(root: Path) -> str | None:
+    """``Name <email>`` from the git configuration of the person building
+    (``git config user.name`` / ``user.email`` in ``root``), or None when
+    either is unset: the series' commits carry the fork's placeholder
+    identity, which must not reach upstream (issue 23)."""
+    values = []
+    for key in ("user.name", "user.email"):
+        proc = subprocess.run(
+            ["git", "-C", str(root), "config", "--get", key],
+            capture_output=True,
+            text=True,
+        )
+        values.append(proc.stdout.strip())
+    name, email = values
+    return f"{name} <{email}>" if name and email else None
+
+
+def diffstat(patches: list[Path]) -> str:
+    """``git diff --stat``-like lines over all ``patches`` together (from
+    ``git apply --numstat``, which needs no repository)."""
+    added: dict[str, list[int]] = {}
+    for patch in patches:
+        out = subprocess.run(
+            ["git", "apply", "--numstat", str(patch)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        for line in out.splitlines():
+            plus, minus, path = line.split("\t", 2)
+            row = added.setdefault(path, [0, 0])
+            row[0] += int(plus) if plus.isdigit() else 0
+            row[1] += int(minus) if minus.isdigit() else 0
+    width = max((len(p) for p in added), default=0)
+    lines = [f" {p:<{width}} | {a + d:5d} (+{a} -{d})"
+             for p, (a, d) in sorted(added.items())]  # fmt: skip
+    ins = sum(a for a, _ in added.values())
+    dels = sum(d for _, d in added.values())
+    lines.append(
+        f" {len(added)} files changed, {ins} insertions(+), {dels} deletions(-)"
+    )
+    return "\n".join(lines)
+
+
+def _cover(base, infos, patches, author, proven: bool, width: int) -> str:
+    """The cover letter, written whole: the counts, the list, the author
+    summary and the diffstat all cover every patch of the series."""
+    total = len(infos)
     subject = (
-        f"Distributed-training fixes for Keras {base.version} "
-        f"({len(infos)} patch{'es' if len(infos) > 1 else ''})"
+        f"[PATCH {0:0{width}d}/{total}] Distributed-training fixes for "
+        f"Keras {base.version} ({total} patch{'es' if total > 1 else ''})"
     )
-    blurb = "\n".join(
-        [
-            "Targeted fixes for multi-device training, one per commit, each "
-            "with its own unit tests.",
-            "",
-            *[
-                f"- {i.subject} ({i.upstream_issue or 'no issue'})"
-                for i in infos
-            ],
-        ]
-    )
-    text = text.replace("*** SUBJECT HERE ***", subject)
-    return re.sub(r"\*\*\* BLURB HERE \*\*\*", lambda _: blurb, text)
+    links = issue_lines(infos)
+    lines = [
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 "
+        "2001",
+        f"From: {author or 'NOT SET (git config user.name / user.email)'}",
+        f"Subject: {subject}",
+        "",
+        "Targeted fixes for multi-device training, one per commit, each "
+        "with its own unit tests.",
+        "",
+        *[
+            f"- {i.subject}" + (f" ({link})" if link else "")
+            for i, link in zip(infos, links, strict=True)
+        ],
+        "",
+        "proof: in each PR body"
+        if proven
+        else "proof: not run (build after `scripts/prove` to fill it in)",
+        "",
+        f"{(author or 'author not set').split(' <')[0]} ({total}):",
+        *[f"  {i.subject}" for i in infos],
+        "",
+        diffstat(patches),
+        "",
+    ]
+    return "\n".join(lines)

@@ -43,7 +43,7 @@ EXPORT_FLAGS = (
     "--keep-subject",
 )
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
-_FIXES = re.compile(r"^Fixes (keras-team/[\w.-]+#\d+)\s*$", re.M)
+_FIXES = re.compile(r"^(Fixes|Refs) (keras-team/[\w.-]+#\d+)\s*$", re.M)
 UPSTREAM_AUTHOR = ("Keras team (PyPI sdist)", "keras-users@googlegroups.com")
 COMMITTER = ("keras-fork materialize", "keras-fork@example.invalid")
 
@@ -90,8 +90,11 @@ class PatchInfo:
         subject: the commit subject.
         message: the commit message without the fork trailers.
         trailers: fork trailers, e.g. ``{"Fork-Fix": "seeded-shuffle"}``.
-        upstream_issue: ``keras-team/keras#N`` from the ``Fixes`` line.
+        upstream_issue: ``keras-team/keras#N`` from the ``Fixes`` or
+            ``Refs`` line.
         diff: the patch's diff text.
+        closes: whether that line is ``Fixes`` (the patch closes the
+            issue) rather than ``Refs`` (it addresses part of it).
     """
 
     name: str
@@ -100,6 +103,7 @@ class PatchInfo:
     trailers: dict
     upstream_issue: str | None
     diff: str
+    closes: bool = False
 
     @property
     def fix(self) -> str | None:
@@ -165,8 +169,9 @@ def parse_patch(path: Path) -> PatchInfo:
         subject=subject,
         message=message,
         trailers=trailers,
-        upstream_issue=fixes.group(1) if fixes else None,
+        upstream_issue=fixes.group(2) if fixes else None,
         diff=diff,
+        closes=bool(fixes) and fixes.group(1) == "Fixes",
     )
 
 
