@@ -65,18 +65,16 @@ def test_a_trailer_typo_a_fix_without_patch_and_a_missing_cell_are_named(
     tmp_path,
 ):
     layout = _scratch(tmp_path)
-    patch = (
-        layout.patches
-        / "3.15.1"
-        / series.patch_file_name(
-            "Normalize distributed losses by the step's global batch size"
-        )
+    name = series.patch_file_name(
+        "Normalize distributed losses by the step's global batch size"
     )
-    patch.write_text(
-        patch.read_text().replace(
-            "Fork-Fix: uneven-batch", "Fork-Fix: uneven-bacth"
+    for patch in layout.patches.glob(f"*/{name}"):  # the fix on every base
+        patch.write_text(
+            patch.read_text().replace(
+                "Fork-Fix: uneven-batch", "Fork-Fix: uneven-bacth"
+            )
         )
-    )
+    patch = layout.patches / "3.15.1" / name
     toml = layout.fixes / "replica_rng" / "fix.toml"
     toml.write_text(toml.read_text().replace('"torch/ddp-2" = "guard"\n', ""))
     found = "\n".join(catalog.problems(layout))
@@ -155,11 +153,9 @@ def test_fixes_json_lists_every_fix_named_by_a_trailer(capsys):
             named.add(series.parse_patch(p).fix)
     assert named == set(listed)
     row = listed["uneven-batch"]
-    assert row["patches"] == {
-        "3.15.1": [
-            "normalize-distributed-losses-by-the-step-s-global-batch-size.patch"
-        ]
-    }
+    name = "normalize-distributed-losses-by-the-step-s-global-batch-size.patch"
+    assert row["patches"]["3.15.1"] == [name]
+    assert set(row["patches"]) == set(row["bases"])
     assert set(row["cells"]) >= {"proven", "guard", "n/a", "source"}
     assert listed["aggregation-none"]["upstream"].startswith("fixed upstream")
 

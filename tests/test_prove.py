@@ -341,3 +341,21 @@ def test_added_tests_select_their_parameterized_cases_not_substrings():
     # -k test_fit would select these too.
     for name in ("test_fitness", "test_predict_then_test_fit", "test_fi"):
         assert not selection.is_added_test(name, added), name
+
+
+@pytest.mark.parametrize(
+    "base, role", [("3.15.1", "proof"), ("3.16.0.dev2026102704", "guard")]
+)
+def test_a_proof_upstream_fixed_later_is_a_guard_from_then_on(
+    monkeypatch, base, role
+):
+    """``guard_since="V"``: upstream fixed that defect in V, so on bases
+    from V on the test guards instead of proving (issue 24: a fix or part
+    of one leaves the proof only with evidence)."""
+    mark = pytest.mark.fix("f", guard_since="3.16.0.dev0").mark
+    item = SimpleNamespace(get_closest_marker=lambda name: mark)
+    monkeypatch.setenv("PROOF_BASE", base)
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    assert selection.role_of(item) == role
+    monkeypatch.delenv("PROOF_BASE")
+    assert selection.role_of(item) == "proof"

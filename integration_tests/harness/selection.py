@@ -29,7 +29,9 @@ def fix_of(item) -> str | None:
 def role_of(item) -> str:
     """``proof`` or ``guard``: a test that proves a defect on some backends
     only (``guard_on=("jax",)``) is a guard on those, where stock is
-    already right.
+    already right; one whose defect upstream fixed in version V
+    (``guard_since="V"``) is a guard on the bases from V on (the base is
+    ``PROOF_BASE``, compared as PEP 440 versions).
 
     Raises:
         pytest.UsageError: the marker names a role not in ``ROLES``.
@@ -40,9 +42,20 @@ def role_of(item) -> str:
         "guard_on", ()
     ):
         role = "guard"
+    if marker and _at_or_after(marker.kwargs.get("guard_since")):
+        role = "guard"
     if role not in ROLES:
         raise pytest.UsageError(f"{item.nodeid}: role {role!r} not in {ROLES}")
     return role
+
+
+def _at_or_after(version: str | None) -> bool:
+    """Whether the base under test (``PROOF_BASE``) is ``version`` or
+    later; False without either."""
+    from packaging.version import Version
+
+    base = os.environ.get("PROOF_BASE")
+    return bool(version and base) and Version(base) >= Version(version)
 
 
 def wanted_fixes() -> set[str] | None:

@@ -2,7 +2,9 @@
 
 ``dist/pr-series/<version>/`` holds ``git format-patch`` files (numbered, with
 a cover letter) that ``git am`` cleanly onto the pristine sdist tree, with the
-fork-only trailers removed, and one markdown PR body a patch.
+fork-only trailers removed, and one markdown PR body a patch. For a base
+whose sdist has no test files (``keras-nightly``), they are the series'
+own patches, test hunks included: they apply to a Keras git checkout.
 """
 
 from __future__ import annotations
@@ -146,8 +148,14 @@ def write(layout: Layout, base: Base, tree: Path) -> Path:
         staged = Path(tmp) / "series"
         staged.mkdir()
         if infos:  # an empty series has nothing to send, not even a cover
-            files = series.format_patch(tree, staged, PR_FLAGS)
-            files += _add_repo_only(staged, repo_only, len(infos))
+            if base.sdist_tests:
+                files = series.format_patch(tree, staged, PR_FLAGS)
+            else:  # the tree lacks the test hunks: send the patches
+                files = [staged / "0000-cover-letter.patch"]
+                files += _copy_patches(
+                    staged, series.read_series(layout, base), 0
+                )
+            files += _copy_patches(staged, repo_only, len(infos))
             infos += [series.parse_patch(p) for p in repo_only]
             _finish(layout, base, files, infos, cells)
         old = Path(tmp) / "old"
@@ -157,10 +165,11 @@ def write(layout: Layout, base: Base, tree: Path) -> Path:
     return dest
 
 
-def _add_repo_only(staged: Path, repo_only: list[Path], n: int) -> list[Path]:
-    """Copies the repo-only patches after the ``n`` formatted ones."""
+def _copy_patches(staged: Path, patches: list[Path], n: int) -> list[Path]:
+    """Copies ``patches`` (e.g. the repo-only ones) after the ``n`` already
+    in ``staged``, named as ``git format-patch`` names them."""
     files = []
-    for i, patch in enumerate(repo_only, start=n + 1):
+    for i, patch in enumerate(patches, start=n + 1):
         name = series.format_patch_name(series.parse_patch(patch).subject)
         f = staged / f"{i:04d}-{name}"
         f.write_text(

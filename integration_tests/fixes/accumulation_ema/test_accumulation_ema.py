@@ -103,7 +103,20 @@ def _fit(scope, config, process=None):
     return np.concatenate([np.ravel(w) for w in model.get_weights()])
 
 
-@pytest.mark.parametrize("config", sorted(CONFIGS))
+# Upstream master overwrites the EMA weights under tf.distribute by itself
+# (the TF optimizer's `_backend_maybe_overwrite_model_variables`, a
+# `merge_call`; not in 3.15.1, in keras-nightly 3.16.0.dev2026102704), so
+# EMA alone is a guard from 3.16 on; with accumulation it still fails there.
+_EMA_UPSTREAM = pytest.mark.fix("accumulation-ema", guard_since="3.16.0.dev0")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(c, marks=_EMA_UPSTREAM) if c == "ema_overwrite" else c
+        for c in sorted(CONFIGS)
+    ],
+)
 def test_conditional_updates_match_one_device(topology, config):
     """``fit`` with the optimizer ``config`` under the topology equals one
     device on the same global batches."""
