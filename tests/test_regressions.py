@@ -103,3 +103,30 @@ def test_layout_keeps_paths_conftest_and_upstreams_warning_filters(tmp_path):
     assert "import torch" in (work / "conftest.py").read_text()
     ini = (work / "pytest.ini").read_text()
     assert "filterwarnings =\n    error\n    ignore::DeprecationWarning" in ini
+
+
+def test_test_files_come_from_an_upstream_clone_at_a_revision(tmp_path):
+    """An sdist without test files (3.7.0, keras-nightly) gets upstream's
+    test files of a revision of a git clone (``--upstream-repo``)."""
+    from keras_fork.recipe import series
+
+    repo = tmp_path / "keras"
+    (repo / "keras/src/losses").mkdir(parents=True)
+    (repo / "keras/src/losses/loss.py").write_text("x = 1\n")
+    test = repo / "keras/src/losses/loss_test.py"
+    test.write_text("def test_old():\n    pass\n")
+    env = series.git_env(0)
+    series.git(repo, "init", "-q", env=env)
+    series.git(repo, "add", "-A", env=env)
+    series.git(repo, "commit", "-qm", "v1", env=env)
+    series.git(repo, "tag", "v1.0.0", env=env)
+    test.write_text("def test_new():\n    pass\n")
+    series.git(repo, "commit", "-qam", "later", env=env)
+    tree = tmp_path / "tree"
+    (tree / "keras/src/losses").mkdir(parents=True)
+    assert r.add_upstream_tests(tree, repo, "v1.0.0") == 1
+    copied = tree / "keras/src/losses/loss_test.py"
+    assert "test_old" in copied.read_text()
+    assert not (tree / "keras/src/losses/loss.py").exists()  # tests only
+    with pytest.raises(ForkError):
+        r.add_upstream_tests(tree, repo, "v9.9.9")

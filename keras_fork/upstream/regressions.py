@@ -226,6 +226,30 @@ def pristine_tree(layout: pins.Layout, base: pins.Base, dest: Path) -> Path:
     return dest
 
 
+def add_upstream_tests(tree: Path, repo: Path, rev: str) -> int:
+    """Copies the ``keras/**/*_test.py`` files of ``repo`` at ``rev`` (a
+    git clone, bare or not) into ``tree``, over any there; returns how
+    many. They are upstream's tests of that revision, unmodified.
+
+    Raises:
+        ForkError: ``repo`` is not a git repository or lacks ``rev``.
+    """
+    names = [
+        n
+        for n in series.git(
+            repo, "ls-tree", "-r", "--name-only", rev, "keras"
+        ).split()  # fmt: skip
+        if n.endswith("_test.py")
+    ]
+    if not names:
+        raise ForkError(f"{repo} has no keras/**/*_test.py at {rev}")
+    archive = tree / ".upstream-tests.tar"
+    series.git(repo, "archive", "-o", str(archive), rev, *names)
+    shutil.unpack_archive(archive, tree, format="tar")
+    archive.unlink()
+    return len(names)
+
+
 def _env(layout, base, side: str, backend: str, overlay) -> dict:
     topology = {
         "KERAS_BACKEND": backend,
@@ -267,6 +291,18 @@ def add_arguments(p) -> None:
         "keras/src (default: the tier of the module docstring)",
     )
     p.add_argument("--all", action="store_true", help="every test file")
+    p.add_argument(
+        "--upstream-repo",
+        type=Path,
+        metavar="PATH",
+        help="a keras-team/keras git clone to take the test files from, "
+        "for a base whose sdist ships none (3.7.0, keras-nightly)",
+    )
+    p.add_argument(
+        "--upstream-rev",
+        metavar="REV",
+        help="the revision of --upstream-repo (default: tag v<base>)",
+    )
     p.add_argument("--timeout", type=int, default=600, help="per-test s")
     p.add_argument(
         "--run-timeout", type=float, default=5400, help="per-run seconds"
@@ -302,6 +338,15 @@ def main(args, layout: pins.Layout) -> int:
     out = layout.dist / "regressions" / base.version
     out.mkdir(parents=True, exist_ok=True)
     tree = pristine_tree(layout, base, layout.build / "regressions" / "tree")
+    if args.upstream_repo:
+        rev = args.upstream_rev or f"v{base.version}"
+        add_upstream_tests(tree, args.upstream_repo, rev)
+    elif not any((tree / "keras").rglob("*_test.py")):
+        raise ForkError(
+            f"the sdist of base {base.version} ships no test files: pass "
+            "--upstream-repo PATH (a keras-team/keras clone) and, for a "
+            "nightly, --upstream-rev REV (the master commit it was built from)"
+        )
     patches = series.read_series(layout, base)
     report = {"base": base.version, "backends": {}}
     for backend in args.backend or BACKENDS:
