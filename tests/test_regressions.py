@@ -130,3 +130,11 @@ def test_test_files_come_from_an_upstream_clone_at_a_revision(tmp_path):
     assert not (tree / "keras/src/losses/loss.py").exists()  # tests only
     with pytest.raises(ForkError):
         r.add_upstream_tests(tree, repo, "v9.9.9")
+
+
+def test_a_test_module_imported_from_the_installed_keras_is_named():
+    text = "ImportError: cannot import name 'saving_lib_test' from 'keras'"
+    assert r.classify_failure(text) == "test module not installed"
+    assert r.classify_failure("No module named 'tree'") == (
+        "missing dependency tree"
+    )
