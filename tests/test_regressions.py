@@ -138,3 +138,24 @@ def test_a_test_module_imported_from_the_installed_keras_is_named():
     assert r.classify_failure("No module named 'tree'") == (
         "missing dependency tree"
     )
+
+
+def test_a_declared_change_is_set_apart_from_the_regressions():
+    """A fix's ``changed_upstream_tests`` (a deliberate behaviour change,
+    e.g. 3.7.0's backported default aggregation) is reported as intended,
+    not as a regression; any other regression stays one."""
+    result = r.Comparison(
+        3, [("a::A::test_x", "boom"), ("a::A::test_y", "bang")], [], [], []
+    )
+    out = r.set_apart(result, {"a::A::test_x": "aggregation-none: why"})
+    assert out.regressions == [("a::A::test_y", "bang")]
+    assert out.intended == [("a::A::test_x", "aggregation-none: why")]
+    assert not out.ok
+
+
+def test_the_real_declared_changes_load():
+    from keras_fork.recipe import pins
+
+    changed = r.changed_tests(pins.Layout.default(), "3.7.0")
+    assert any(t.endswith("::test_variable_aggregation") for t in changed)
+    assert r.changed_tests(pins.Layout.default(), "3.15.1") == {}

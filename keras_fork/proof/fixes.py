@@ -12,6 +12,9 @@ Each folder holds the fix's proof tests (``test_*.py``, marked
 * ``summary``: one line, for the fix table; ``notice``: what a user of the
   wheel notices; ``upstream`` (optional): where upstream stands, when the
   patches' trailers do not say it all;
+* ``[changed_upstream_tests."<V>"]`` (optional): ``"<test id>" = "<why>"``
+  for upstream tests of base V that the fix fails on purpose (see
+  ``Fix``);
 * ``[cells]``: ``"<backend>/<topology>" = "proven" | "guard" |
   "n/a: <reason>"`` for every cell of ``harness.topologies.TOPOLOGIES``,
   holding on each base; ``[base_cells."<V>"]`` replaces some on one base.
@@ -43,6 +46,11 @@ class Fix:
         cells: ``{base: {"<backend>/<topology>": "proven" | "guard" |
             "n/a: <reason>"}}`` with shared reasons expanded.
         folder: the fix's folder (its proof tests live there).
+        changed_upstream_tests: ``{base: {test id: why}}``, upstream tests of
+            a base that fail with the fix on purpose (a deliberate behaviour
+            change, e.g. a backport of a newer default whose upstream commit
+            changed that assertion); the ``regressions`` verb reports them
+            apart.
     """
 
     id: str
@@ -53,6 +61,7 @@ class Fix:
     upstream: str
     cells: dict
     folder: Path
+    changed_upstream_tests: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +143,12 @@ def load_fix(path: Path, reasons: dict) -> Fix:
         raise ForkError(
             f"{path}: base_cells for {stray}, not in its bases {list(bases)}"
         )
+    changed = data.get("changed_upstream_tests", {})
+    stray = sorted(set(changed) - set(bases))
+    if stray:
+        raise ForkError(
+            f"{path}: changed_upstream_tests for {stray}, not in its bases"
+        )
     cells = {}
     for base in bases:
         table = {**data.get("cells", {}), **by_base.get(base, {})}
@@ -150,6 +165,7 @@ def load_fix(path: Path, reasons: dict) -> Fix:
         upstream=data.get("upstream", ""),
         cells=cells,
         folder=path.parent,
+        changed_upstream_tests=changed,
     )
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from keras_fork import outputs
 from keras_fork.errors import ForkError
+from keras_fork.proof import fixes
 from keras_fork.proof import variants
 from keras_fork.proof.junit import read_junit
 from keras_fork.proof.runner import run_bounded
@@ -105,6 +106,8 @@ class Comparison:
         one_sided: ``(test, side that has it or that errors collecting)``.
         common: ``(test, class)`` failing on both sides; class is
             ``missing dependency <module>`` or ``upstream``.
+        intended: ``(test, why)``: regressions a fix declares on purpose
+            (its ``fix.toml``'s ``changed_upstream_tests``); not failures.
     """
 
     run: int
@@ -112,6 +115,7 @@ class Comparison:
     newly_passing: list
     one_sided: list
     common: list
+    intended: list = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -165,6 +169,24 @@ def compare(stock: dict, fork: dict) -> Comparison:
         elif s in bad and f in bad:
             common.append((test, classify_failure(f_text or s_text)))
     return Comparison(run, regressions, newly, one_sided, common)
+
+
+def changed_tests(layout: pins.Layout, version: str) -> dict[str, str]:
+    """``{test id: "<fix>: <why>"}`` of every fix's declared
+    ``changed_upstream_tests`` on base ``version``."""
+    return {
+        test: f"{fix.id}: {why}"
+        for fix in fixes.load_fixes(layout.fixes)
+        for test, why in fix.changed_upstream_tests.get(version, {}).items()
+    }
+
+
+def set_apart(result: Comparison, changed: dict[str, str]) -> Comparison:
+    """``result`` with the regressions that ``changed`` declares moved to
+    ``intended`` (with their reason); any other stays a regression."""
+    kept = [(t, text) for t, text in result.regressions if t not in changed]
+    intended = [(t, changed[t]) for t, _ in result.regressions if t in changed]
+    return dataclasses.replace(result, regressions=kept, intended=intended)
 
 
 def default_files(tree: Path, patches: list[Path], backend: str) -> list[str]:
@@ -368,6 +390,7 @@ def main(args, layout: pins.Layout) -> int:
                 pool.submit(run_side, work, env, junits[side], args.timeout,
                             args.run_timeout)  # fmt: skip
         result = compare(*(_outcomes(junits[s]) for s in SIDES))
+        result = set_apart(result, changed_tests(layout, base.version))
         report["backends"][backend] = dict(
             files=len(files), ok=result.ok, **dataclasses.asdict(result)
         )
@@ -386,12 +409,15 @@ def _print(backend: str, files: int, r: Comparison) -> None:
         classes[c] = classes.get(c, 0) + 1
     print(
         f"{backend}: {files} files, {r.run} tests run, "
-        f"{len(r.regressions)} regressions, {len(r.newly_passing)} newly "
+        f"{len(r.regressions)} regressions ({len(r.intended)} more "
+        f"intended), {len(r.newly_passing)} newly "
         f"passing, {len(r.one_sided)} one-sided, {len(r.common)} failing on "
         f"both ({', '.join(f'{k}: {v}' for k, v in sorted(classes.items()))})"
     )
     for test, text in r.regressions:
         print(f"  REGRESSION {test}: {text}")
+    for test, why in r.intended:
+        print(f"  intended change {test}: {why}")
     for test, side in r.one_sided:
         print(f"  ONE-SIDED ({side}) {test}")
     for test in r.newly_passing:
