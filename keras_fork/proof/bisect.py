@@ -41,28 +41,35 @@ BACKENDS = ("jax", "tensorflow", "torch")
 # bisection follows both rules, and runs the jax ``multi_device`` tests in a
 # second pass with 8 virtual CPU devices, as Keras's multi-device CI would.
 CONFTEST = """\
-# Written by keras_fork.proof.bisect: skip multi_device tests on one device.
+# Written by keras_fork: Keras's test conventions (its repository conftest.py,
+# which the sdist lacks): torch imported before TensorFlow, the
+# requires_trainable_backend and multi_device markers, and multi_device tests
+# skipped unless the backend sees several devices.
+try:
+    import torch  # noqa: F401  (before TensorFlow, as Keras's conftest)
+except ImportError:
+    torch = None
 import pytest
+
+from keras.src.backend import backend
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "multi_device: needs several devices")
     config.addinivalue_line("markers", "requires_trainable_backend: any")
+    config.addinivalue_line("markers", "multi_device: needs several devices")
 
 
 def pytest_collection_modifyitems(config, items):
-    from keras.src.backend import backend
-
     several = False
     if backend() == "jax":
         import jax
 
         several = jax.device_count() > 1
-    if several:
-        return
+    elif backend() == "torch" and torch is not None:
+        several = torch.cuda.device_count() > 1
     skip = pytest.mark.skip(reason="needs several devices")
     for item in items:
-        if "multi_device" in item.keywords:
+        if "multi_device" in item.keywords and not several:
             item.add_marker(skip)
 """
 JAX_DEVICES = 8

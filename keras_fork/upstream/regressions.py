@@ -5,7 +5,7 @@ base, unmodified (the pristine sdist's copies: the fork's added or changed
 test hunks are the proof matrix's ``unit`` cells, not part of this
 comparison), once against stock keras and once against fork keras
 (``build/variants/<V>/{stock,fork}``, as the proof matrix installs them),
-under Keras's own test conventions (``CONFTEST``; the sdist's
+under Keras's own test conventions (``bisect.CONFTEST``; the sdist's
 ``[tool.pytest.ini_options]``), one pytest process per backend and side:
 JAX with 8 virtual CPU devices so the ``multi_device`` tests run,
 TensorFlow and torch on one device.
@@ -37,6 +37,7 @@ from pathlib import Path
 
 from keras_fork import outputs
 from keras_fork.errors import ForkError
+from keras_fork.proof import bisect
 from keras_fork.proof import fixes
 from keras_fork.proof import variants
 from keras_fork.proof.junit import read_junit
@@ -57,39 +58,6 @@ DEFAULT_DIRS = (
     "keras/src/distribution",
     "keras/src/optimizers",
 )
-# Keras's repository conftest.py (not in the sdist), rewritten: torch is
-# imported before TensorFlow (importing it after segfaults), the
-# requires_trainable_backend and multi_device markers, and multi_device
-# tests skipped unless the backend sees several devices.
-CONFTEST = """\
-# Written by keras_fork.upstream.regressions: Keras's test conventions.
-try:
-    import torch  # noqa: F401  (before TensorFlow, as Keras's conftest)
-except ImportError:
-    torch = None
-import pytest
-
-from keras.src.backend import backend
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "requires_trainable_backend: any")
-    config.addinivalue_line("markers", "multi_device: several devices")
-
-
-def pytest_collection_modifyitems(config, items):
-    several = False
-    if backend() == "jax":
-        import jax
-
-        several = jax.device_count() > 1
-    elif backend() == "torch" and torch is not None:
-        several = torch.cuda.device_count() > 1
-    skip = pytest.mark.skip(reason="Requires multiple devices")
-    for item in items:
-        if "multi_device" in item.keywords and not several:
-            item.add_marker(skip)
-"""
 _MISSING = re.compile(r"No module named '([\w.]+)'")
 _TEST_IMPORT = re.compile(r"cannot import name '\w+_test'")
 
@@ -228,7 +196,7 @@ def lay_out_tests(tree: Path, files: list[str], work: Path) -> None:
     for f in files:
         (work / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tree / f, work / f)
-    (work / "conftest.py").write_text(CONFTEST)
+    (work / "conftest.py").write_text(bisect.CONFTEST)
     project = tomllib.loads((tree / "pyproject.toml").read_text())
     options = project.get("tool", {}).get("pytest", {}).get("ini_options", {})
     lines = ["[pytest]"]
@@ -379,6 +347,7 @@ def main(args, layout: pins.Layout) -> int:
         )
     patches = series.read_series(layout, base)
     report = {"base": base.version, "backends": {}}
+    changed = changed_tests(layout, base.version)
     for backend in args.backend or BACKENDS:
         files = _select(args, tree, patches, backend)
         work = layout.build / "regressions" / f"tests-{backend}"
@@ -390,7 +359,7 @@ def main(args, layout: pins.Layout) -> int:
                 pool.submit(run_side, work, env, junits[side], args.timeout,
                             args.run_timeout)  # fmt: skip
         result = compare(*(_outcomes(junits[s]) for s in SIDES))
-        result = set_apart(result, changed_tests(layout, base.version))
+        result = set_apart(result, changed)
         report["backends"][backend] = dict(
             files=len(files), ok=result.ok, **dataclasses.asdict(result)
         )
