@@ -150,7 +150,7 @@ def test_fixes_json_lists_every_fix_named_by_a_trailer(capsys):
         for p in series.read_series(LAYOUT, base) + series.read_repo_only(
             LAYOUT, base
         ):
-            named.add(series.parse_patch(p).fix)
+            named.update(series.parse_patch(p).fixes)
     assert named == set(listed)
     row = listed["uneven-batch"]
     name = "normalize-distributed-losses-by-the-step-s-global-batch-size.patch"

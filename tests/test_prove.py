@@ -359,3 +359,17 @@ def test_a_proof_upstream_fixed_later_is_a_guard_from_then_on(
     assert selection.role_of(item) == role
     monkeypatch.delenv("PROOF_BASE")
     assert selection.role_of(item) == "proof"
+
+
+@pytest.mark.parametrize(
+    "backend, role", [("tensorflow", "guard"), ("torch", "proof")]
+)
+def test_guard_since_per_backend(monkeypatch, backend, role):
+    """``guard_since={"<backend>": "V"}``: upstream fixed the defect in V on
+    those backends only (master leaves the global RNGs untouched, except
+    torch's)."""
+    mark = pytest.mark.fix("f", guard_since={"tensorflow": "3.16.0.dev0"})
+    item = SimpleNamespace(get_closest_marker=lambda name: mark.mark)
+    monkeypatch.setenv("PROOF_BASE", "3.16.0.dev2026102704")
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    assert selection.role_of(item) == role

@@ -546,3 +546,51 @@ def test_the_pr_author_is_the_builders_git_identity(upstream, monkeypatch):
     assert "\nFrom: Ada Lovelace <ada@example.org>\n" in patch
     cover = (out / "0000-cover-letter.patch").read_text()
     assert "\nAda Lovelace (1):\n  Reverse the order\n" in cover
+
+
+def test_not_alone_names_a_patch_that_needs_an_earlier_one(upstream):
+    """A master PR must apply on master by itself: patch 2 edits what patch
+    1 wrote, so it applies only as part of the chain."""
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    _add_fix(layout, base, tree)
+    f = tree / "keras/src/shuffle.py"
+    f.write_text(f.read_text().replace("reversed(range(n))", "range(n)[::-1]"))
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "commit", "-qam", "Slice instead\n\nFork-Fix: reverse",
+               env=env)  # fmt: skip
+    names = series.export(tree, series.series_dir(layout, base))
+    patches = [series.series_dir(layout, base) / n for n in names]
+    head = series.git(tree, "rev-parse", "HEAD")
+    (failed,) = series.not_alone(tree, patches)
+    assert failed.startswith(f"{names[1]}: error: patch failed")
+    assert series.not_alone(tree, patches[:1]) == []
+    assert series.git(tree, "rev-parse", "HEAD") == head
+    assert series.git(tree, "status", "--porcelain") == ""
+
+
+def test_export_keeps_the_test_hunks_a_tree_without_tests_lacks(upstream):
+    """A keras-nightly tree has no test files: re-exporting an edited commit
+    keeps the test hunks of the patch file of the same name."""
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    (name,) = _add_fix(layout, base, tree)
+    folder = series.series_dir(layout, base)
+    test_block = (
+        "diff --git a/keras/src/shuffle_test.py b/keras/src/shuffle_test.py\n"
+        "index 1111111111111111111111111111111111111111.."
+        "2222222222222222222222222222222222222222 100644\n"
+        "--- a/keras/src/shuffle_test.py\n+++ b/keras/src/shuffle_test.py\n"
+        "@@ -1 +1,2 @@\n def test_order():\n+    assert True\n"
+    )
+    (folder / name).write_text((folder / name).read_text() + test_block)
+    f = tree / "keras/src/shuffle.py"
+    f.write_text(f.read_text() + "\n")
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "commit", "-qa", "--amend", "--no-edit", env=env)
+    assert series.export(tree, folder, carry_tests=True) == [name]
+    text = (folder / name).read_text()
+    assert text.endswith(test_block)
+    assert text.index("a/keras/src/shuffle.py") < text.index("shuffle_test.py")
+    series.export(tree, folder)
+    assert "shuffle_test.py" not in (folder / name).read_text()

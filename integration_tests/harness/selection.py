@@ -30,7 +30,8 @@ def role_of(item) -> str:
     """``proof`` or ``guard``: a test that proves a defect on some backends
     only (``guard_on=("jax",)``) is a guard on those, where stock is
     already right; one whose defect upstream fixed in version V
-    (``guard_since="V"``) is a guard on the bases from V on (the base is
+    (``guard_since="V"``, or ``{"<backend>": "V"}`` where upstream fixed it
+    on some backends only) is a guard on the bases from V on (the base is
     ``PROOF_BASE``, compared as PEP 440 versions).
 
     Raises:
@@ -42,7 +43,10 @@ def role_of(item) -> str:
         "guard_on", ()
     ):
         role = "guard"
-    if marker and _at_or_after(marker.kwargs.get("guard_since")):
+    since = marker.kwargs.get("guard_since") if marker else None
+    if isinstance(since, dict):
+        since = since.get(os.environ.get("KERAS_BACKEND"))
+    if _at_or_after(since):
         role = "guard"
     if role not in ROLES:
         raise pytest.UsageError(f"{item.nodeid}: role {role!r} not in {ROLES}")

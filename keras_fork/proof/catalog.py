@@ -43,7 +43,8 @@ def patches_by_fix(layout: pins.Layout) -> dict:
         files += series.read_repo_only(layout, base)
         for path in files:
             info = series.parse_patch(path)
-            out[info.fix][base.version].append(info)
+            for fix_id in info.fixes or (None,):
+                out[fix_id][base.version].append(info)
     return out
 
 

@@ -42,7 +42,7 @@ def unit_tests(layout: pins.Layout, base: pins.Base, fix: str) -> UnitTests:
     files, names = [], []
     for patch in series.read_series(layout, base):
         info = series.parse_patch(patch)
-        if info.fix != fix:
+        if fix not in info.fixes:
             continue
         for test in info.added_tests():
             path, _, name = test.partition("::")

@@ -67,6 +67,14 @@ def build(args, layout: pins.Layout) -> int:
                 f"patches/{base.version} is not in canonical form; run "
                 f"`python -m keras_fork export --base {base.version}`"
             )
+        if base.package == "keras-nightly":  # master: PRs go in one by one
+            alone = series.not_alone(tree, series.read_series(layout, base))
+            if alone:
+                raise ForkError(
+                    f"PRs of the master series {base.version} that do not "
+                    "apply alone on master (make each stand alone, or fold "
+                    "it into the PR it needs):\n  " + "\n  ".join(alone)
+                )
         with console.status(f"keras {base.version}: building the wheel"):
             whl = wheel.build(layout, base, tree)
         pr = prseries.write(layout, base, tree)
@@ -78,18 +86,25 @@ def build(args, layout: pins.Layout) -> int:
 def export(args, layout: pins.Layout) -> int:
     """Rewrites ``patches/<V>/`` from the materialized tree."""
     base = pins.get_base(layout, args.base)
-    if not base.sdist_tests:
-        raise ForkError(
-            f"base {base.version}'s sdist has no test files: its tree lacks "
-            "the series' test hunks. Change its series in a rebase work "
-            f"tree (build/rebase/{base.version}, `python -m keras_fork "
-            "rebase`) or on a Keras git checkout"
-        )
     tree = layout.tree(base.version)
     if not (tree / ".git").is_dir():
         raise ForkError(f"no materialized tree at {tree}: run scripts/build")
-    names = series.export(tree, series.series_dir(layout, base))
-    _console().print(f"exported {len(names)} patches to patches/{base.version}")
+    folder = series.series_dir(layout, base)
+    before = set()
+    if (folder / series.ORDER_FILE).is_file():
+        before = {p.name for p in series.read_series(layout, base)}
+    # A tree without test files: each patch keeps its old file's test hunks.
+    carry = not base.sdist_tests
+    names = series.export(tree, folder, carry_tests=carry)
+    console = _console()
+    console.print(f"exported {len(names)} patches to patches/{base.version}")
+    if carry:
+        for name in sorted(set(names) - before):
+            console.print(
+                f"[yellow]{name}[/]: new or renamed, so it has no test hunks "
+                f"(base {base.version}'s tree has no test files): add them "
+                "from a Keras git checkout (docs/upstream.md)"
+            )
     return 0
 
 

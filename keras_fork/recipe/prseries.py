@@ -104,7 +104,7 @@ def render_pr_body(
     rows = [
         c
         for c in cells
-        if c.get("fix") == info.fix and c["base"] == base.version
+        if c.get("fix") in info.fixes and c["base"] == base.version
     ]
     lines = ["## Description", "", problem, "", change, ""]
     if issue:

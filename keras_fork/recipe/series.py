@@ -109,6 +109,13 @@ class PatchInfo:
     def fix(self) -> str | None:
         return self.trailers.get("Fork-Fix")
 
+    @property
+    def fixes(self) -> tuple[str, ...]:
+        """The fix ids of the ``Fork-Fix:`` trailer, which names several,
+        comma-separated, when one patch carries fixes that are separate on
+        another base (e.g. the shuffle fixes, one upstream PR on master)."""
+        return tuple(f.strip() for f in (self.fix or "").split(",") if f)
+
     def manifest_entry(self) -> dict:
         """The patch as listed in the wheel's ``FORK_PATCHES.json``."""
         return {
@@ -289,6 +296,37 @@ def missing_tests(tree: Path, patch: Path) -> list[str]:
     return missing
 
 
+def not_alone(tree: Path, patches: list[Path]) -> list[str]:
+    """The patches that do not apply alone onto ``tree``'s ``pristine``
+    commit, one line each naming the patch and git's first error.
+
+    Upstream takes one PR at a time against master, so each PR of a master
+    series must apply on master by itself, not only after the PRs before it
+    in the series (issue 24). Test files the tree lacks are left out (see
+    ``missing_tests``). ``tree`` is not modified: each patch is checked with
+    ``git apply --cached --check`` against a temporary index of
+    ``pristine``.
+
+    Raises:
+        ForkError: ``tree`` has no ``pristine`` tag.
+    """
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="alone.") as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(tree, "read-tree", PRISTINE_TAG, env=env)
+        for patch in patches:
+            excludes = [f"--exclude={p}" for p in missing_tests(tree, patch)]
+            proc = subprocess.run(
+                ["git", "-C", str(tree), "apply", "--cached", "--check",
+                 *excludes, str(patch.resolve())],
+                capture_output=True, text=True, env=env,
+            )  # fmt: skip
+            if proc.returncode:
+                error = (proc.stderr.strip().splitlines() or ["?"])[0]
+                failed.append(f"{patch.name}: {error}")
+    return failed
+
+
 def _failing_file(output: str) -> str:
     for pattern in (
         r"error: patch failed: ([^:\n]+):\d+",
@@ -404,12 +442,18 @@ def patch_file_name(subject: str) -> str:
     return f"{slug or 'patch'}.patch"
 
 
-def export(tree: Path, out: Path) -> list[str]:
+def export(tree: Path, out: Path, carry_tests: bool = False) -> list[str]:
     """Writes the commits of ``tree`` after ``pristine`` as a series folder.
 
     ``out`` gets one ``<subject-slug>.patch`` file a commit
     (``patch_file_name``) and ``.patches``, the order. The folder is
     replaced as a whole (written beside it, then renamed).
+
+    With ``carry_tests`` (a base whose sdist has no test files, so its tree
+    has none), each patch keeps the test hunks of the file of the same name
+    in ``out`` for test files the tree lacks (``missing_tests``): a commit
+    edited in the tree keeps its upstream-style tests, as long as its
+    subject, hence its file name, is unchanged.
 
     Returns:
         The patch names in order.
@@ -428,6 +472,12 @@ def export(tree: Path, out: Path) -> list[str]:
                 raise ForkError(f"two commits export to the same name {name}")
             f.rename(staged / name)
             names.append(name)
+            if carry_tests and (out / name).is_file():
+                old = (out / name).read_bytes()
+                tests = missing_tests(tree, out / name)
+                (staged / name).write_bytes(
+                    with_files((staged / name).read_bytes(), old, tests)
+                )
         (staged / ORDER_FILE).write_text("".join(n + "\n" for n in names))
         old = Path(tmp) / "old"
         if out.exists():
@@ -518,6 +568,20 @@ def without_files(patch: bytes, paths: list[str]) -> bytes:
     drop = {f"diff --git a/{p} b/{p}\n".encode() for p in paths}
     kept = [b for b in blocks if b[: b.index(b"\n") + 1] not in drop]
     return b"".join([head, *kept])
+
+
+def with_files(patch: bytes, source: bytes, paths: list[str]) -> bytes:
+    """``patch`` (a ``git format-patch --no-stat`` file's bytes) with the
+    ``diff --git`` blocks of ``paths`` taken from ``source``, all blocks in
+    path order as git writes them: the inverse of ``without_files``."""
+    if not paths:
+        return patch
+    head, *blocks = re.split(rb"(?m)^(?=diff --git a/)", patch)
+    _, *theirs = re.split(rb"(?m)^(?=diff --git a/)", source)
+    wanted = {f"diff --git a/{p} b/{p}\n".encode() for p in paths}
+    blocks += [b for b in theirs if b[: b.index(b"\n") + 1] in wanted]
+    blocks.sort(key=lambda b: b[: b.index(b" b/")])
+    return b"".join([head, *blocks])
 
 
 def strip_fork_trailers(text: str) -> str:
