@@ -30,6 +30,14 @@ PR_FLAGS = (
 _FIXES_LINE = re.compile(r"^(Fixes|Refs) [\w./-]+#\d+\s*$")
 
 
+TOPOLOGY_LEGEND = (
+    "`1` one device; `8` 8 devices of one JAX process; `procs-2` 2 JAX "
+    "processes; `mirrored-N` `MirroredStrategy` over N devices; "
+    "`multiworker-2` `MultiWorkerMirroredStrategy`, 2 workers; `ddp-2` "
+    "2 torch DDP processes (gloo); all on CPU"
+)
+
+
 def pr_series_dir(layout: Layout, base: Base) -> Path:
     return layout.dist / "pr-series" / base.version
 
@@ -113,20 +121,27 @@ def render_pr_body(
     tests = sorted(set(info.added_tests()), key=info.added_tests().index)
     lines += [f"- `{t}`" for t in tests] or ["- (this patch adds no unit test)"]
     lines.append("")
-    if rows:
+    run = [c for c in rows if c["verdict"] != "n/a"]
+    if run:
+        several = len(info.fixes) > 1
         lines += [
             f"### Proof on keras {base.version} (stock vs this patch)",
             "",
-            "| backend | topology | stock | patched | verdict |",
-            "|---|---|---|---|---|",
-        ]
+            "Integration tests run on stock Keras and with this patch; "
+            f"topologies: {TOPOLOGY_LEGEND}.",
+            "",
+            "| " + ("fix | " if several else "")
+            + "backend | topology | stock | patched | verdict |",
+            "|---" * (6 if several else 5) + "|",
+        ]  # fmt: skip
         lines += [
-            f"| {c['backend']} | {c['topology']} | {c['stock'] or '-'} | "
-            f"{c['fork'] or '-'} | {c['verdict']}"
-            + (f" ({c['reason']})" if c.get("reason") else "")
-            + " |"
-            for c in rows
-        ]
+            "| " + (f"{c['fix']} | " if several else "")
+            + f"{c['backend']} | {c['topology']} | {c['stock']} | "
+            f"{c['fork']} | {c['verdict']} |"
+            for c in run
+        ]  # fmt: skip
+        if len(run) < len(rows):
+            lines += ["", f"({len(rows) - len(run)} more cells do not apply.)"]
         lines.append("")
     return "\n".join(lines) + "\n" + AGREEMENT
 
