@@ -594,3 +594,29 @@ def test_export_keeps_the_test_hunks_a_tree_without_tests_lacks(upstream):
     assert text.index("a/keras/src/shuffle.py") < text.index("shuffle_test.py")
     series.export(tree, folder)
     assert "shuffle_test.py" not in (folder / name).read_text()
+
+
+@pytest.mark.parametrize(
+    "forwarded, applied, expected",
+    [
+        ("no", "no", "not-yet"),
+        ("https://github.com/keras-team/keras/pull/1", "no",
+         "submitted https://github.com/keras-team/keras/pull/1"),
+        ("not-needed", "3.8.0", "fixed-upstream 3.8.0"),
+    ],
+)  # fmt: skip
+def test_status_shows_each_patch_s_upstream_status(
+    tmp_path, forwarded, applied, expected
+):
+    """DEP-3 trailers, kept out of the PR series, give the radar's
+    upstream status column (issue 24)."""
+    from keras_fork.upstream import status
+
+    patch = tmp_path / "x.patch"
+    patch.write_text(
+        "From 0 Mon Sep 17 00:00:00 2001\nFrom: A <a@b.c>\n"
+        "Subject: Fix it\n\nBody.\n\nFork-Fix: reverse\n"
+        f"Forwarded: {forwarded}\nApplied-Upstream: {applied}\n\n"
+        "diff --git a/x b/x\n"
+    )
+    assert status.upstream_status(patch) == expected

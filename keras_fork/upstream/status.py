@@ -114,8 +114,23 @@ def check_series(tree: Path, patches: list[Path]) -> list[str]:
     return states
 
 
+def upstream_status(patch: Path) -> str:
+    """Where upstream stands on ``patch``, from its DEP-3 trailers
+    (``Forwarded``, ``Applied-Upstream``; kept out of the PR series):
+    ``not-yet``, ``submitted <url>`` or ``fixed-upstream <version>``."""
+    trailers = series.parse_patch(patch).trailers
+    applied = trailers.get("Applied-Upstream", "no")
+    forwarded = trailers.get("Forwarded", "no")
+    if applied not in ("no", ""):
+        return f"fixed-upstream {applied}"
+    if forwarded not in ("no", ""):
+        return f"submitted {forwarded}"
+    return "not-yet"
+
+
 def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
-    """One row per (target, patch): target, shipped, series, patch, state.
+    """One row per (target, patch): target, shipped, series, patch, state,
+    upstream (``upstream_status``).
 
     Each series is checked against its own base and the nightly; repo-only
     patches (files the sdist lacks) are reported, not checked.
@@ -149,6 +164,7 @@ def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
                             "series": b.version,
                             "patch": patch.name,
                             "state": state,
+                            "upstream": upstream_status(patch),
                         }
                     )
     return rows
@@ -265,13 +281,17 @@ def _print_radar(console, rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="upstream drift radar")
-    for col in ("upstream", "series", "patch", "state"):
+    for col in ("upstream", "series", "patch", "state", "upstream status"):
         table.add_column(col)
     colors = {"applies": "green", "upstream": "cyan", "conflict": "bold red"}
     for r in rows:
         color = colors.get(r["state"].split(" ")[0], "dim")
         table.add_row(
-            r["target"], r["series"], r["patch"], f"[{color}]{r['state']}[/]"
+            r["target"],
+            r["series"],
+            r["patch"],
+            f"[{color}]{r['state']}[/]",
+            r.get("upstream", ""),
         )
     console.print(table)
 
