@@ -127,6 +127,33 @@ def jax_processes(rank: int, world_size: int):
     )
 
 
+def torch_processes(rank: int, world_size: int):
+    """In a ``torch/dp-2`` worker: joins the job, returns the distribution.
+
+    Call first thing in a worker started by ``workers.run_workers``.
+    ``keras.distribution.initialize`` starts ``torch.distributed`` with the
+    rendezvous at ``MASTER_ADDR:MASTER_PORT`` (127.0.0.1): gloo on CPU,
+    NCCL on the one GPU ``run_workers`` gives each worker. Only Keras
+    master has it on torch (keras-team/keras#23316).
+
+    Returns:
+        ``keras.distribution.DataParallel`` over every process's devices
+        (auto-sharding: ``fit`` on a ``PyDataset`` trains each process on
+        every ``world_size``-th batch of the epoch's order, by
+        ``data_shard_id``).
+    """
+    import keras
+
+    keras.distribution.initialize(
+        job_addresses=(
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        ),
+        num_processes=world_size,
+        process_id=rank,
+    )
+    return keras.distribution.DataParallel()
+
+
 _CURRENT = None
 
 

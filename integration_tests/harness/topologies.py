@@ -57,6 +57,14 @@ TOPOLOGIES = {
         "(gloo on CPU, NCCL with one GPU each; tests start them with "
         "integration_tests.harness.workers)",
     ),
+    ("torch", "dp-2"): (
+        2,
+        "2 worker processes, keras.distribution.initialize on 127.0.0.1 "
+        "(torch.distributed: gloo on CPU, NCCL with one GPU each) and "
+        "Model.fit under keras.distribution.DataParallel over both; master "
+        "only (keras-team/keras#23316); tests start them with "
+        "integration_tests.harness.workers",
+    ),
 }
 # Topologies whose replicas are worker processes: the test process itself
 # has one device and starts the workers (``integration_tests.harness.workers``).
@@ -64,6 +72,7 @@ MULTI_PROCESS = {
     ("jax", "procs-2"),
     ("tensorflow", "multiworker-2"),
     ("torch", "ddp-2"),
+    ("torch", "dp-2"),
 }
 # The upstream-style unit tests a fix's patches add, run with Keras's own
 # test files on one device: stock runs only the added tests (they must fail),

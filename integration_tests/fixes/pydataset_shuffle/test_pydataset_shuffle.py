@@ -14,11 +14,15 @@ peeks Keras makes to build the model come before ``on_train_begin`` and are
 ignored). Orders are compared exactly: they are integer indices.
 """
 
+import contextlib
 import random
 
 import keras
 import numpy as np
 import pytest
+
+from integration_tests.harness import devices
+from integration_tests.harness import workers
 
 pytestmark = pytest.mark.fix("pydataset-shuffle")
 
@@ -138,3 +142,57 @@ def test_resumed_fit_replays_the_epoch_order(topology):
     keras.utils.set_random_seed(3)
     resumed = _orders(topology, initial_epoch=2)
     assert resumed == {2: expected[2]}
+
+
+class _Worker:
+    """A ``torch/dp-2`` worker's scope: the distribution is set globally."""
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+
+def _dp_worker(rank, world_size):
+    """In each ``torch/dp-2`` worker: the batch indices this process trains
+    on, per epoch, for seed 3, seed 4, and seed 3 resumed at epoch 2."""
+    keras.distribution.set_distribution(
+        devices.torch_processes(rank, world_size)
+    )
+    runs = {}
+    for name, seed, initial_epoch in (
+        ("seed-3", 3, 0),
+        ("seed-4", 4, 0),
+        ("resumed", 3, 2),
+    ):
+        keras.utils.set_random_seed(seed)
+        orders = _orders(_Worker(), initial_epoch=initial_epoch)
+        runs[name] = [orders[e] for e in sorted(orders)]
+    return runs
+
+
+def test_processes_share_one_order_by_seed_and_absolute_epoch(topology):
+    """torch/dp-2 (master: ``Model.fit`` on torch under
+    ``keras.distribution.DataParallel``, keras-team/keras#23316): each
+    process trains on every other batch of the epoch's order
+    (``data_shard_id``), so the processes must draw the same order: each
+    batch is then trained on once per epoch. The seed must decide that
+    order, and ``fit(initial_epoch=2)`` must replay epoch 2. Stock master
+    orders by the epoch alone: the processes agree, but every seed gives
+    one order and a resumed ``fit`` restarts at epoch 0's. Exact
+    comparisons: the orders are indices; the two processes' shards of two
+    independent orders coincide with probability 1 / NUM_BATCHES!."""
+    if topology.name != "dp-2":
+        pytest.skip("torch/dp-2 only")
+    per_process = workers.run_workers(
+        f"{__name__}:_dp_worker", topology.num_replicas, timeout=240
+    )
+    for epoch in range(EPOCHS):
+        seen = sorted(i for p in per_process for i in p["seed-3"][epoch])
+        assert seen == list(range(NUM_BATCHES)), (
+            f"epoch {epoch}: batches trained on across the processes: {seen}"
+        )
+    job = [[p[run][0] for p in per_process] for run in ("seed-3", "seed-4")]
+    assert job[0] != job[1], "the seed does not decide the order"
+    for rank, p in enumerate(per_process):
+        assert p["resumed"] == p["seed-3"][2:], (
+            f"process {rank}: fit(initial_epoch=2) did not replay epoch 2"
+        )
