@@ -14,6 +14,7 @@ Verbs (the ``scripts/`` entry points call these):
   bench-matrix  the matrix's wall time, a process per cell vs per group
   status   each series against its base and the newest keras-nightly
   regressions  upstream's own unit tests, stock vs fork, test by test
+  pr-check each PR alone on a Keras git checkout: applies, its tests pass
 
 A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``
 (or, for a module of several verbs, ``<verb>_arguments`` and ``<verb>``);
@@ -53,6 +54,7 @@ VERBS = {
         "keras_fork.upstream.regressions",
         "upstream's unit tests, stock vs fork",
     ),
+    "pr-check": ("keras_fork.upstream.prcheck", "each PR alone on a checkout"),
 }
 
 

@@ -1,0 +1,85 @@
+"""pr-check: each PR alone on a Keras git checkout (a fake one here)."""
+
+from pathlib import Path
+
+import pytest
+
+from keras_fork.errors import ForkError
+from keras_fork.recipe import series
+from keras_fork.upstream import prcheck
+
+SOURCE = (
+    "def order(n):\n    return list(range(n))\n\n\n\n\n\n"
+    "def other():\n    return 0\n"
+)
+TEST = (
+    "from keras.src.shuffle import order\n\n\n"
+    "def test_order():\n    assert order(2) == [0, 1]\n"
+)
+
+
+def _repo(tmp_path: Path) -> Path:
+    """A git checkout with a ``keras`` package, a module and its test."""
+    repo = tmp_path / "keras-repo"
+    (repo / "keras/src").mkdir(parents=True)
+    (repo / "keras/__init__.py").write_text("")
+    (repo / "keras/src/__init__.py").write_text("")
+    (repo / "keras/src/shuffle.py").write_text(SOURCE)
+    (repo / "keras/src/shuffle_test.py").write_text(TEST)
+    env = series.git_env(0)
+    series.git(repo, "init", "-q", "-b", "master", env=env)
+    series.git(repo, "add", "-A", env=env)
+    series.git(repo, "commit", "-qm", "upstream", env=env)
+    return repo
+
+
+def _patch(repo: Path, tmp_path: Path, name: str, source: str, test: str):
+    """A format-patch file of one commit changing the module and its test
+    (made on a scratch branch, which is then dropped)."""
+    env = series.git_env(0)
+    series.git(repo, "checkout", "-q", "-b", name, env=env)
+    (repo / "keras/src/shuffle.py").write_text(source)
+    (repo / "keras/src/shuffle_test.py").write_text(test)
+    series.git(repo, "commit", "-qam", f"Change {name}", env=env)
+    out = tmp_path / f"{name}.patch"
+    out.write_text(series.git(repo, "format-patch", "--stdout", "-1", env=env))
+    series.git(repo, "checkout", "-q", "master", env=env)
+    series.git(repo, "branch", "-qD", name, env=env)
+    return out
+
+
+def test_each_pr_applies_alone_and_runs_its_added_tests(tmp_path):
+    repo = _repo(tmp_path)
+    good = _patch(
+        repo, tmp_path, "reverse",
+        SOURCE.replace("list(range(n))", "list(range(n))[::-1]"),
+        TEST.replace("[0, 1]", "[1, 0]")
+        + "\n\ndef test_reversed():\n    assert order(3)[0] == 2\n",
+    )  # fmt: skip
+    broken = _patch(
+        repo, tmp_path, "broken", SOURCE.replace("range(n)", "range(n + 1)"),
+        TEST + "\n\ndef test_longer():\n    assert order(2) == [0, 1]\n",
+    )  # fmt: skip
+    # Upstream moves on: a patch made on the old code no longer applies.
+    stale = _patch(
+        repo, tmp_path, "stale", SOURCE.replace("return 0", "return 2"), TEST
+    )
+    (repo / "keras/src/shuffle.py").write_text(
+        SOURCE.replace("return 0", "return 1")
+    )
+    series.git(repo, "commit", "-qam", "upstream moves", env=series.git_env(0))
+    rows = prcheck.check(repo, "master", [good, broken, stale], ("torch",))
+    by_name = {r["patch"]: r for r in rows}
+    assert by_name["reverse.patch"]["applies"]
+    assert by_name["reverse.patch"]["torch"] == "pass"
+    assert by_name["broken.patch"]["torch"] == "fail"
+    assert not by_name["stale.patch"]["applies"]
+    assert "keras/src/shuffle.py" in by_name["stale.patch"]["error"]
+    # The checkout is left as it was.
+    assert series.git(repo, "status", "--porcelain") == ""
+    assert series.git(repo, "worktree", "list").count("\n") == 1
+
+
+def test_an_unknown_revision_is_a_clear_error(tmp_path):
+    with pytest.raises(ForkError, match="revision v9"):
+        prcheck.check(_repo(tmp_path), "v9", [], ("torch",))
