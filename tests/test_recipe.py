@@ -53,6 +53,19 @@ def _add_fix(layout, base, tree):
     return series.export(tree, series.series_dir(layout, base))
 
 
+def _two_chained_patches(layout, base, tree):
+    """Exports a series of two patches where patch 2 edits what patch 1
+    wrote; returns ``(names, paths)``."""
+    _add_fix(layout, base, tree)
+    f = tree / "keras/src/shuffle.py"
+    f.write_text(f.read_text().replace("reversed(range(n))", "range(n)[::-1]"))
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "commit", "-qam", "Slice instead\n\nFork-Fix: reverse",
+               env=env)  # fmt: skip
+    names = series.export(tree, series.series_dir(layout, base))
+    return names, [series.series_dir(layout, base) / n for n in names]
+
+
 def test_unknown_base_lists_known_bases(upstream):
     layout, _, _ = upstream
     with pytest.raises(ForkError, match=r"unknown base.*'1\.2\.3'.*9\.9\.9"):
@@ -427,14 +440,7 @@ def test_status_checks_a_series_cumulatively(upstream, tmp_path):
 
     layout, base, archive = upstream
     tree = series.materialize(layout, base)
-    _add_fix(layout, base, tree)
-    f = tree / "keras/src/shuffle.py"
-    f.write_text(f.read_text().replace("reversed(range(n))", "range(n)[::-1]"))
-    env = series.git_env(fake.EPOCH)
-    series.git(tree, "commit", "-qam", "Slice instead\n\nFork-Fix: reverse",
-               env=env)  # fmt: skip
-    names = series.export(tree, series.series_dir(layout, base))
-    patches = [series.series_dir(layout, base) / n for n in names]
+    _, patches = _two_chained_patches(layout, base, tree)
     pristine = tmp_path / "pristine"
     sdist.unpack(archive, base, pristine)
     assert status.classify(pristine, patches[1]) == "conflict"
@@ -553,14 +559,7 @@ def test_not_alone_names_a_patch_that_needs_an_earlier_one(upstream):
     1 wrote, so it applies only as part of the chain."""
     layout, base, _ = upstream
     tree = series.materialize(layout, base)
-    _add_fix(layout, base, tree)
-    f = tree / "keras/src/shuffle.py"
-    f.write_text(f.read_text().replace("reversed(range(n))", "range(n)[::-1]"))
-    env = series.git_env(fake.EPOCH)
-    series.git(tree, "commit", "-qam", "Slice instead\n\nFork-Fix: reverse",
-               env=env)  # fmt: skip
-    names = series.export(tree, series.series_dir(layout, base))
-    patches = [series.series_dir(layout, base) / n for n in names]
+    names, patches = _two_chained_patches(layout, base, tree)
     head = series.git(tree, "rev-parse", "HEAD")
     (failed,) = series.not_alone(tree, patches)
     assert failed.startswith(f"{names[1]}: error: patch failed")
@@ -620,3 +619,16 @@ def test_status_shows_each_patch_s_upstream_status(
         "diff --git a/x b/x\n"
     )
     assert status.upstream_status(patch) == expected
+
+
+def test_a_patch_may_carry_several_fixes(tmp_path):
+    """One ``Fork-Fix:`` trailer a fix, repeated (the master shuffle PR)."""
+    patch = tmp_path / "x.patch"
+    patch.write_text(
+        "From 0 Mon Sep 17 00:00:00 2001\nFrom: A <a@b.c>\n"
+        "Subject: Fix it\n\nBody.\n\nFork-Fix: reverse\nFork-Fix: other\n"
+        "Forwarded: no\n\ndiff --git a/x b/x\n"
+    )
+    info = series.parse_patch(patch)
+    assert info.fixes == ("reverse", "other")
+    assert "Fork-Fix" not in info.message

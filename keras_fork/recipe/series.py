@@ -111,9 +111,9 @@ class PatchInfo:
 
     @property
     def fixes(self) -> tuple[str, ...]:
-        """The fix ids of the ``Fork-Fix:`` trailer, which names several,
-        comma-separated, when one patch carries fixes that are separate on
-        another base (e.g. the shuffle fixes, one upstream PR on master)."""
+        """The fix ids of the ``Fork-Fix:`` trailers: one a line, repeated
+        when one patch carries fixes that are separate on another base
+        (e.g. the shuffle fixes, one upstream PR on master)."""
         return tuple(f.strip() for f in (self.fix or "").split(",") if f)
 
     def manifest_entry(self) -> dict:
@@ -164,8 +164,10 @@ def parse_patch(path: Path) -> PatchInfo:
     if last and all(_TRAILER.match(line) for line in last):
         for line in last:
             key, value = _TRAILER.match(line).groups()
-            if key in FORK_TRAILERS:
-                trailers[key] = value
+            if key in FORK_TRAILERS:  # a repeated one: comma-separated
+                trailers[key] = ", ".join(
+                    filter(None, (trailers.get(key), value))
+                )
         rest = [ln for ln in last if _TRAILER.match(ln).group(1)
                 not in FORK_TRAILERS]  # fmt: skip
         kept = paragraphs[:-1] + (["\n".join(rest)] if rest else [])
