@@ -609,8 +609,6 @@ def test_status_shows_each_patch_s_upstream_status(
 ):
     """DEP-3 trailers, kept out of the PR series, give the radar's
     upstream status column (issue 24)."""
-    from keras_fork.upstream import status
-
     patch = tmp_path / "x.patch"
     patch.write_text(
         "From 0 Mon Sep 17 00:00:00 2001\nFrom: A <a@b.c>\n"
@@ -618,7 +616,7 @@ def test_status_shows_each_patch_s_upstream_status(
         f"Forwarded: {forwarded}\nApplied-Upstream: {applied}\n\n"
         "diff --git a/x b/x\n"
     )
-    assert status.upstream_status(patch) == expected
+    assert series.parse_patch(patch).upstream_status == expected
 
 
 def test_a_patch_may_carry_several_fixes(tmp_path):

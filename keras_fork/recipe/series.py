@@ -116,6 +116,19 @@ class PatchInfo:
         (e.g. the shuffle fixes, one upstream PR on master)."""
         return tuple(f.strip() for f in (self.fix or "").split(",") if f)
 
+    @property
+    def upstream_status(self) -> str:
+        """Where upstream stands on the patch, from its DEP-3 trailers
+        (``Forwarded``, ``Applied-Upstream``; kept out of the PR series):
+        ``not-yet``, ``submitted <url>`` or ``fixed-upstream <version>``."""
+        applied = self.trailers.get("Applied-Upstream", "no")
+        forwarded = self.trailers.get("Forwarded", "no")
+        if applied not in ("no", ""):
+            return f"fixed-upstream {applied}"
+        if forwarded not in ("no", ""):
+            return f"submitted {forwarded}"
+        return "not-yet"
+
     def manifest_entry(self) -> dict:
         """The patch as listed in the wheel's ``FORK_PATCHES.json``."""
         return {

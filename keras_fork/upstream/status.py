@@ -114,23 +114,9 @@ def check_series(tree: Path, patches: list[Path]) -> list[str]:
     return states
 
 
-def upstream_status(patch: Path) -> str:
-    """Where upstream stands on ``patch``, from its DEP-3 trailers
-    (``Forwarded``, ``Applied-Upstream``; kept out of the PR series):
-    ``not-yet``, ``submitted <url>`` or ``fixed-upstream <version>``."""
-    trailers = series.parse_patch(patch).trailers
-    applied = trailers.get("Applied-Upstream", "no")
-    forwarded = trailers.get("Forwarded", "no")
-    if applied not in ("no", ""):
-        return f"fixed-upstream {applied}"
-    if forwarded not in ("no", ""):
-        return f"submitted {forwarded}"
-    return "not-yet"
-
-
 def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
     """One row per (target, patch): target, shipped, series, patch, state,
-    upstream (``upstream_status``).
+    upstream (``PatchInfo.upstream_status``).
 
     Each series is checked against its own base and the nightly; repo-only
     patches (files the sdist lacks) are reported, not checked.
@@ -149,6 +135,10 @@ def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
                 targets.append(nightly_target)
             patches = series.read_series(layout, b)
             repo_only = series.read_repo_only(layout, b)
+            upstream = {
+                p: series.parse_patch(p).upstream_status
+                for p in patches + repo_only
+            }
             for target, archive, shipped in targets:
                 tree = _unpack_any(archive, Path(tmp) / f"{b.version}-{target}")
                 states = check_series(tree, patches)
@@ -164,7 +154,7 @@ def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
                             "series": b.version,
                             "patch": patch.name,
                             "state": state,
-                            "upstream": upstream_status(patch),
+                            "upstream": upstream[patch],
                         }
                     )
     return rows
