@@ -168,7 +168,9 @@ def prepare_prefix(
         (work / "conftest.py").write_text(CONFTEST)
         for label, topo_env, select in _passes(backend, tree, mine):
             env = variants.child_env(
-                target, topology_env=topo_env, with_repo=False
+                target,
+                topology_env={**variants.compile_cache_env(layout), **topo_env},
+                with_repo=False,
             )
             if not whole_files:
                 select = [

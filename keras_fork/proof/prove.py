@@ -143,6 +143,7 @@ def _where(p: Plan, group, layout) -> runner.Where:
     return runner.Where(
         p.installed[group.base][group.variant], version,
         p.overlays[group.base], layout.fixes, p.accelerator,
+        tuple(variants_lib.compile_cache_env(layout).items()),
     )  # fmt: skip
 
 

@@ -86,6 +86,8 @@ class Where:
         overlay: the base's test overlay, or None.
         fixes: the folder of the fix folders (``Layout.fixes``).
         accelerator: ``cpu`` or ``gpu``.
+        extra_env: variables every process of the run gets besides its
+            topology's (``variants.compile_cache_env``).
     """
 
     keras_dir: Path
@@ -93,6 +95,7 @@ class Where:
     overlay: Path | None
     fixes: Path
     accelerator: str = "cpu"
+    extra_env: tuple[tuple[str, str], ...] = ()
 
 
 def run_group(
@@ -120,7 +123,12 @@ def run_group(
     env = child_env(
         where.keras_dir,
         where.overlay,
-        topologies.env_for(group.backend, group.topology, where.accelerator),
+        {
+            **dict(where.extra_env),
+            **topologies.env_for(
+                group.backend, group.topology, where.accelerator
+            ),
+        },
     )
     junit.parent.mkdir(parents=True, exist_ok=True)
     junit.unlink(missing_ok=True)

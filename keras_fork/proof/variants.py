@@ -108,6 +108,31 @@ def child_env(
     return env
 
 
+def compile_cache_env(layout: pins.Layout) -> dict[str, str]:
+    """The environment that shares JAX's persistent compilation cache
+    between the test processes of a run (proof cells, bisection).
+
+    A Keras test builds a fresh model, so a fresh jitted step, for every
+    case: the in-memory jit cache misses and XLA compiles the same program
+    again, in the same process and in the next one (stock and fork
+    variants, the next topology). The persistent cache is keyed by the
+    program's HLO, the compile options and the jax and XLA versions, so
+    only an identical program is reused
+    (https://docs.jax.dev/en/latest/persistent_compilation_cache.html);
+    both thresholds are 0 because a CPU compile of a small test model takes
+    under the default 1 s. Benchmarks do not use it: a stock-vs-fork time
+    would then depend on which variant ran first.
+
+    Returns:
+        ``{"JAX_COMPILATION_CACHE_DIR": "<build>/jax-cache", ...}``.
+    """
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(layout.build / "jax-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
 def install_overlay(layout: pins.Layout, base: pins.Base) -> Path | None:
     """Installs ``base.test_overlay`` (e.g. an older jax) for its cells.
 
