@@ -14,7 +14,9 @@ Verbs (the ``scripts/`` entry points call these):
   bench-matrix  the matrix's wall time, a process per cell vs per group
   status   each series against its base and the newest keras-nightly
   regressions  upstream's own unit tests, stock vs fork, test by test
-  pr-check each PR alone on a Keras git checkout: applies, its tests pass
+  pr-check each PR alone on a Keras git checkout: applies, its tests fail
+           on the checkout's code and pass with the PR
+  pr-tests rewrite a nightly series' test hunks to apply alone on a checkout
 
 A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``
 (or, for a module of several verbs, ``<verb>_arguments`` and ``<verb>``);
@@ -55,6 +57,10 @@ VERBS = {
         "upstream's unit tests, stock vs fork",
     ),
     "pr-check": ("keras_fork.upstream.prcheck", "each PR alone on a checkout"),
+    "pr-tests": (
+        "keras_fork.upstream.alone",
+        "test hunks that apply alone on a checkout",
+    ),
 }
 
 

@@ -60,6 +60,11 @@ def test_each_pr_applies_alone_and_runs_its_added_tests(tmp_path):
         repo, tmp_path, "broken", SOURCE.replace("range(n)", "range(n + 1)"),
         TEST + "\n\ndef test_longer():\n    assert order(2) == [0, 1]\n",
     )  # fmt: skip
+    vacuous = _patch(
+        repo, tmp_path, "vacuous",
+        SOURCE.replace("range(n)", "range(0, n)"),
+        TEST + "\n\ndef test_again():\n    assert order(1) == [0]\n",
+    )  # fmt: skip
     # Upstream moves on: a patch made on the old code no longer applies.
     stale = _patch(
         repo, tmp_path, "stale", SOURCE.replace("return 0", "return 2"), TEST
@@ -68,12 +73,22 @@ def test_each_pr_applies_alone_and_runs_its_added_tests(tmp_path):
         SOURCE.replace("return 0", "return 1")
     )
     series.git(repo, "commit", "-qam", "upstream moves", env=series.git_env(0))
-    rows = prcheck.check(repo, "master", [good, broken, stale], ("torch",))
+    rows = prcheck.check(
+        repo, "master", [good, broken, vacuous, stale], ("torch",)
+    )
     by_name = {r["patch"]: r for r in rows}
     assert by_name["reverse.patch"]["applies"]
     assert by_name["reverse.patch"]["torch"] == "pass"
+    # Its tests on the checkout's own code: they fail there.
+    assert by_name["reverse.patch"]["stock:torch"] == "fail"
+    assert by_name["reverse.patch"]["verdict"] == "proven"
     assert by_name["broken.patch"]["torch"] == "fail"
+    assert by_name["broken.patch"]["verdict"] == "broken"
+    # A test that passes without the change proves nothing.
+    assert by_name["vacuous.patch"]["stock:torch"] == "pass"
+    assert by_name["vacuous.patch"]["verdict"] == "vacuous"
     assert not by_name["stale.patch"]["applies"]
+    assert by_name["stale.patch"]["verdict"] == "-"
     assert "keras/src/shuffle.py" in by_name["stale.patch"]["error"]
     # The checkout is left as it was.
     assert series.git(repo, "status", "--porcelain") == ""

@@ -9,8 +9,10 @@ whole PR, test hunks included, on a Keras git checkout at a revision
 (default ``master``): for each patch, a worktree at that revision, the
 patch applied alone (``git apply --3way``), then the tests it adds, on
 each backend, with Keras's own ``conftest.py`` from the checkout
-(``bisect.added_test_selection``, ``bisect.backends_for``). It prints one
-row a PR and writes ``dist/pr-check-<V>.json``.
+(``bisect.added_test_selection``, ``bisect.backends_for``). Then the same
+tests with the PR's test hunks only, on the checkout's own code (stock):
+they must fail there, or the PR's tests do not show what it fixes. It
+prints one row a PR and writes ``dist/pr-check-<V>.json``.
 
 It runs in this environment's Python (the test stack: TensorFlow, JAX,
 torch), with the checkout's ``keras`` package first on the path. The
@@ -23,26 +25,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from keras_fork.errors import ForkError
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import bisect
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
+from keras_fork.upstream import checkout
 
 BACKENDS = ("jax", "tensorflow", "torch")
 # Seconds one backend's test run of one PR may take.
 TIMEOUT = 1800
 
 
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True
-    )
+_git = checkout.git
 
 
 def apply_alone(worktree: Path, patch: Path) -> str | None:
@@ -63,6 +60,44 @@ def apply_alone(worktree: Path, patch: Path) -> str | None:
         lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]
         errors.append((lines or proc.stderr.strip().splitlines() or ["?"])[0])
     return errors[0] if "lacks the necessary blob" in errors[1] else errors[1]
+
+
+def apply_tests_only(worktree: Path, patch: Path) -> str | None:
+    """Applies only the test files' hunks of ``patch`` (``*_test.py``) to
+    the clean ``worktree``, as ``apply_alone`` does.
+
+    Returns:
+        None when they applied, else git's first error line.
+    """
+    proc = _git(
+        worktree, "apply", "--3way", "--index", "--include=*_test.py",
+        str(patch.resolve()),
+    )  # fmt: skip
+    if proc.returncode == 0:
+        return None
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error")]
+    return (lines or [proc.stderr.strip()])[0]
+
+
+def stock_verdict(row: dict, backends) -> str:
+    """Whether a PR's tests prove it on the checkout: ``proven`` (they
+    pass with the PR and fail on stock on some backend), ``vacuous``
+    (they pass with it and on stock everywhere they ran), ``broken``
+    (they fail or time out with the PR), ``-`` (not applied or nothing
+    ran). The rule of the proof matrix (``docs/proof.md``) for one PR."""
+    fork = [row.get(b) for b in backends if row.get(b) not in (None, "-")]
+    stock = [
+        row.get(f"stock:{b}")
+        for b in backends
+        if row.get(f"stock:{b}") not in (None, "-")
+    ]
+    if not row["applies"] or not fork:
+        return "-"
+    if any(o in ("fail", "timeout") for o in fork):
+        return "broken"
+    if any(o in ("fail", "timeout") for o in stock):
+        return "proven"
+    return "vacuous"
 
 
 def run_tests(worktree: Path, patch: Path, backends, timeout=TIMEOUT) -> dict:
@@ -107,35 +142,48 @@ def run_tests(worktree: Path, patch: Path, backends, timeout=TIMEOUT) -> dict:
     return out
 
 
-def check(repo: Path, rev: str, patches: list[Path], backends) -> list[dict]:
-    """One row a patch: ``{"patch", "applies", "error", <backend>...}``,
-    each patch applied alone on ``repo`` at ``rev``.
+def check(
+    repo: Path,
+    rev: str,
+    patches: list[Path],
+    backends,
+    source: str = "checkout",
+    layout: pins.Layout | None = None,
+    base: pins.Base | None = None,
+) -> list[dict]:
+    """One row a patch: ``{"patch", "applies", "error", <backend>...,
+    "stock:<backend>"..., "verdict"}``, each patch applied alone on
+    ``repo`` at ``rev`` (``source="base"``: with the base's source over
+    the checkout's, ``checkout.worktree``).
 
     Raises:
         ForkError: ``repo`` is not a git repository or lacks ``rev``.
     """
-    if _git(repo, "rev-parse", "--verify", f"{rev}^{{commit}}").returncode:
-        raise ForkError(f"{repo} is not a git repository with revision {rev}")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="pr-check.") as tmp:
-        worktree = Path(tmp) / "keras"
-        proc = _git(repo, "worktree", "add", "-q", "--detach", str(worktree),
-                    rev)  # fmt: skip
-        if proc.returncode:
-            raise ForkError(f"git worktree add failed: {proc.stderr.strip()}")
-        try:
-            for patch in patches:
-                _git(worktree, "reset", "-q", "--hard", rev)
-                _git(worktree, "clean", "-qfdx")
-                error = apply_alone(worktree, patch)
-                row = {"patch": patch.name, "applies": error is None,
-                       "error": error}  # fmt: skip
-                if error is None:
-                    row.update(run_tests(worktree, patch, backends))
-                rows.append(row)
-        finally:
-            _git(repo, "worktree", "remove", "--force", str(worktree))
+    with checkout.worktree(repo, rev, source, layout, base) as (tree, commit):
+        for patch in patches:
+            checkout.reset(tree, commit)
+            error = apply_alone(tree, patch)
+            row = {"patch": patch.name, "applies": error is None,
+                   "error": error}  # fmt: skip
+            if error is None:
+                row.update(run_tests(tree, patch, backends))
+                _stock_side(tree, commit, patch, backends, row)
+            row["verdict"] = stock_verdict(row, backends)
+            rows.append(row)
     return rows
+
+
+def _stock_side(worktree: Path, rev: str, patch: Path, backends, row):
+    """The PR's added tests on the checkout's own code (its test hunks
+    only), as ``stock:<backend>`` entries of ``row``."""
+    checkout.reset(worktree, rev)
+    error = apply_tests_only(worktree, patch)
+    if error is not None:
+        row["stock_error"] = error
+        return
+    for key, value in run_tests(worktree, patch, backends).items():
+        row[f"stock:{key}"] = value
 
 
 def add_arguments(p) -> None:
@@ -148,13 +196,21 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--rev", default="master", help="revision (default master)")
     p.add_argument(
+        "--source",
+        choices=checkout.SOURCES,
+        default="checkout",
+        help="base: the base's sdist source over the checkout, its test "
+        "files kept (a checkout older than a nightly base)",
+    )
+    p.add_argument(
         "--backend", action="append", choices=BACKENDS, help="repeatable"
     )
     p.add_argument("--timeout", type=int, default=TIMEOUT)
 
 
 def main(args, layout: pins.Layout) -> int:
-    """Prints the table; 1 when a PR does not apply alone or its tests fail.
+    """Prints the table; 1 when a PR does not apply alone or its tests do
+    not prove it (``stock_verdict`` is not ``proven``).
 
     Raises:
         ForkError: unknown base, bad repository or revision.
@@ -165,22 +221,36 @@ def main(args, layout: pins.Layout) -> int:
     base = pins.get_base(layout, args.base)
     backends = tuple(args.backend or BACKENDS)
     patches = series.read_series(layout, base)
-    rows = check(args.upstream_repo, args.rev, patches, backends)
-    table = Table(title=f"each PR of {base.version} alone on {args.rev}")
-    for col in ("PR", "applies", *backends):
+    rows = check(
+        args.upstream_repo, args.rev, patches, backends, args.source,
+        layout, base,
+    )  # fmt: skip
+    where = args.rev if args.source == "checkout" else (
+        f"{base.version}'s source on {args.rev}'s tests"
+    )  # fmt: skip
+    table = Table(title=f"each PR of {base.version} alone on {where}")
+    for col in ("PR", "applies", *backends, "verdict"):
         table.add_column(col)
     for r in rows:
         applies = "yes" if r["applies"] else f"[red]no[/]: {r['error']}"
-        table.add_row(r["patch"], applies, *(r.get(b, "") for b in backends))
+        cells = [
+            f"{r.get('stock:' + b, '')} / {r.get(b, '')}"
+            if r["applies"]
+            else ""
+            for b in backends
+        ]
+        table.add_row(r["patch"], applies, *cells, r["verdict"])
     Console(highlight=False).print(table)
     write_atomic(
         layout.dist / f"pr-check-{base.version}.json",
-        json.dumps({"rev": args.rev, "rows": rows}, indent=2) + "\n",
+        json.dumps(
+            {"rev": args.rev, "source": args.source, "rows": rows}, indent=2
+        )
+        + "\n",
     )
-    bad = [
-        r
-        for r in rows
-        if not r["applies"]
-        or any(r.get(b) in ("fail", "timeout") for b in backends)
-    ]
+    Console(highlight=False).print(
+        "each backend: the added tests on stock / with the PR; "
+        "verdict: proven (fail on stock, pass with the PR)"
+    )
+    bad = [r for r in rows if r["verdict"] != "proven"]
     return 1 if bad else 0
