@@ -143,6 +143,25 @@ def test_canonical_hlo_ignores_source_locations_not_ops():
     assert len(bench_worker.canonical_hlo(extra)) == 4
 
 
+def test_hlo_collectives_counts_cross_device_ops_once_each():
+    from keras_fork.bench import worker as bench_worker
+
+    lines = bench_worker.canonical_hlo(
+        HLO.replace(
+            "  %c.2 = f32[] constant(0)\n",
+            "  %c.2 = f32[] constant(0)\n"
+            "  %ar.5 = f32[2]{0} all-reduce(%p.1), replica_groups={}, "
+            "to_apply=%add\n"
+            "  %ags.6 = (f32[2]{0}, f32[4]{0}) all-gather-start(%p.1), "
+            "dimensions={0}\n"
+            "  %agd.7 = f32[4]{0} all-gather-done(%ags.6)\n",
+        )
+    )
+    # The async pair counts once; the plain reduce is not a collective.
+    assert bench_worker.hlo_collectives(lines) == 2
+    assert bench_worker.hlo_collectives(bench_worker.canonical_hlo(HLO)) == 0
+
+
 def _work_row(case, stock_graph, fork_graph, stock_calls=400.0, fork=402.0):
     return {
         "case": case,
@@ -172,6 +191,13 @@ def test_the_work_table_says_whether_the_compiled_steps_match():
     assert "| 400.0 | 402.0 | +2.0 | same XLA HLO (245 ops) |" in table
     assert "| differs: XLA HLO 245/251 ops |" in table
     assert "| 100.0 | 99.5 | -0.5 | - (eager) |" in table
+    counted = dict(hlo, collectives=2, eager_per_step=0.0)
+    more = dict(grown, collectives=4, eager_per_step=0.5)
+    doc["cases"] = [_work_row(MLP, counted, more)]
+    assert (
+        "differs: XLA HLO 245/251 ops; collectives/step 2 -> 4, eager "
+        "reductions/step 0 -> 0.5 |" in bench.render_work_table(doc)
+    )
 
 
 @pytest.mark.release
@@ -194,6 +220,30 @@ def test_work_mode_finds_the_compiled_step(backend, kind):
     assert min(result["calls_per_step"]) > 0
     assert result["graph"]["kind"] == kind
     assert result["graph"]["ops"] > 0
+
+
+@pytest.mark.release
+def test_work_mode_counts_the_reductions_of_a_mirrored_step():
+    # On the built fork and its stock, 2 replicas (logical CPUs): stock
+    # reduces the gradients and the step's outputs (2 per step); the fork
+    # also reads the loss tracker's state summed over the replicas for the
+    # batch logs (per-batch-logs: its total and count, 2 more). A change
+    # here is a change of per-step cost: docs/upstream.md lists them.
+    layout = pins.Layout.default()
+    bases = pins.load_bases(layout)
+    base = bases[max(bases, key=Version)]
+    dirs = variants.install_variants(layout, base)
+    overlay = variants.install_overlay(layout, base)
+    graphs = {
+        variant: bench._run_worker(
+            dirs[variant], overlay, "fit_step", "tensorflow", "mirrored-2",
+            {"samples": 256, "batch_size": 64, "epochs": 1, "work": True},
+            "cpu",
+        )["graph"]
+        for variant in ("stock", "fork")
+    }  # fmt: skip
+    assert graphs["stock"]["collectives"] == 2
+    assert graphs["fork"]["collectives"] == 4
 
 
 class FakeWorker:

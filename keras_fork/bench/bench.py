@@ -529,10 +529,27 @@ def _graph_text(row) -> str:
     if stock is None and fork is None:
         return "- (eager)"
     if stock and fork and stock["digest"] == fork["digest"]:
-        return f"same {stock['kind']} ({stock['ops']} ops)"
-    sizes = "/".join(str(g["ops"]) if g else "-" for g in (stock, fork))
-    kind = (stock or fork)["kind"]
-    return f"differs: {kind} {sizes} ops"
+        text = f"same {stock['kind']} ({stock['ops']} ops)"
+    else:
+        sizes = "/".join(str(g["ops"]) if g else "-" for g in (stock, fork))
+        text = f"differs: {(stock or fork)['kind']} {sizes} ops"
+    return text + _collectives_text(stock, fork)
+
+
+def _collectives_text(stock, fork) -> str:
+    """``"; collectives/step 1 -> 2"`` (plus the eager reductions a step
+    runs outside the graph, where any), or ``""`` when not counted."""
+    if not (
+        stock and fork and "collectives" in stock and "collectives" in fork
+    ):
+        return ""
+    text = f"; collectives/step {stock['collectives']} -> {fork['collectives']}"
+    if stock.get("eager_per_step") or fork.get("eager_per_step"):
+        text += (
+            f", eager reductions/step {stock.get('eager_per_step', 0):g} -> "
+            f"{fork.get('eager_per_step', 0):g}"
+        )
+    return text
 
 
 def render_work_table(doc) -> str:

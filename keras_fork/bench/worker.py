@@ -24,6 +24,7 @@ few calls per step is resolved where a timing is not.
 """
 
 import collections
+import contextlib
 import cProfile
 import glob
 import hashlib
@@ -155,6 +156,145 @@ def canonical_hlo(text):
     ]
 
 
+# XLA's cross-device collectives, as HLO opcodes (the async forms start
+# with "-start"): https://openxla.org/xla/operation_semantics.
+_HLO_COLLECTIVE = re.compile(
+    r" (all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)"
+    r"(-start)?\("
+)
+
+
+def hlo_collectives(lines):
+    """How many cross-device collectives a compiled XLA program runs.
+
+    Args:
+        lines: ``canonical_hlo`` instruction lines.
+
+    Returns:
+        The number of instructions whose opcode is a collective (an async
+        pair counts once, by its ``-start``).
+    """
+    return sum(1 for line in lines if _HLO_COLLECTIVE.search(line))
+
+
+# The graphs Keras's TF trainer traces a training step into, and those of
+# the control flow inside them; any other graph a reduction is made in
+# never runs per step (Keras's shape-inference "scratch" graphs, a
+# function traced only for its output structure).
+_TF_STEP_GRAPHS = re.compile(
+    r"^(one_step_on_data|one_step_on_iterator|multi_step)"
+)
+_TF_CONTROL_FLOW = re.compile(r"^(while|cond|body|true|false)", re.IGNORECASE)
+
+
+def _tf_in_step_graph():
+    """Whether ops built now go into a traced training step (``None``
+    when eager)."""
+    import tensorflow as tf
+
+    if not tf.inside_function():
+        return None
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        name = getattr(graph, "name", "")
+        if _TF_STEP_GRAPHS.match(name):
+            return True
+        if not _TF_CONTROL_FLOW.match(name):
+            return False
+        graph = getattr(graph, "outer_graph", None)
+    return False
+
+
+class TFReductionCounter:
+    """Counts the cross-replica reductions of a ``tf.distribute`` training
+    step, by wrapping the public entry points: ``ReplicaContext.all_reduce``
+    (gradient aggregation), ``Strategy.reduce`` and
+    ``StrategyExtended.reduce_to`` / ``batch_reduce_to`` (reads of on-read
+    variables such as metric state, on-write updates, per-replica
+    outputs), one count per outermost call
+    (https://www.tensorflow.org/api_docs/python/tf/distribute).
+
+    ``traced``: calls made while tracing the training step (or the control
+    flow in it, ``_tf_in_step_graph``): each is a reduction the step runs
+    every time. ``eager``: calls made eagerly, each run once. On CPU,
+    MirroredStrategy reduces by copies and AddN rather than collective ops,
+    so counting the graph's op types would miss them.
+    """
+
+    def __init__(self):
+        import threading
+
+        self.traced = {"calls": 0, "tensors": 0}
+        self.eager = {"calls": 0, "tensors": 0}
+        # Per thread: MirroredStrategy runs each replica in a thread of its
+        # own, and a call nests others (all_reduce -> batch_reduce_to).
+        self._local = threading.local()
+        self._saved = None
+
+    def _counts(self) -> bool:
+        """Whether a call made now is counted: the outermost one of this
+        thread, and in replica context only replica 0's (every replica
+        makes the same call for one reduction)."""
+        import tensorflow as tf
+
+        if getattr(self._local, "depth", 0):
+            return False
+        if tf.distribute.in_cross_replica_context():
+            return True
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.get_static_value(replica) in (0, None)
+
+    def _wrap(self, fn, tensors_of, pairs_at=None):
+        counter = self
+
+        def counted(*args, **kwargs):
+            if pairs_at is not None and len(args) > pairs_at:
+                # (value, destination) pairs may come as a generator, which
+                # counting them would use up.
+                args = (*args[:pairs_at], list(args[pairs_at]),
+                        *args[pairs_at + 1 :])  # fmt: skip
+            if counter._counts():
+                where = _tf_in_step_graph()
+                bucket = {None: counter.eager, True: counter.traced}.get(where)
+                if bucket is not None:
+                    bucket["calls"] += 1
+                    bucket["tensors"] += tensors_of(args)
+            local = counter._local
+            local.depth = getattr(local, "depth", 0) + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                local.depth -= 1
+
+        return counted
+
+    def __enter__(self):
+        import tensorflow as tf
+
+        ext, ctx = tf.distribute.StrategyExtended, tf.distribute.ReplicaContext
+        strategy = tf.distribute.Strategy
+        self._saved = (
+            ext.reduce_to, ext.batch_reduce_to, ctx.all_reduce, strategy.reduce
+        )  # fmt: skip
+        strategy.reduce = self._wrap(strategy.reduce, lambda a: 1)
+        ext.reduce_to = self._wrap(ext.reduce_to, lambda a: 1)
+        ext.batch_reduce_to = self._wrap(
+            ext.batch_reduce_to, lambda a: len(a[2]), pairs_at=2
+        )
+        ctx.all_reduce = self._wrap(
+            ctx.all_reduce, lambda a: len(tf.nest.flatten(a[2]))
+        )
+        return self
+
+    def __exit__(self, *exc):
+        import tensorflow as tf
+
+        ext, ctx = tf.distribute.StrategyExtended, tf.distribute.ReplicaContext
+        strategy = tf.distribute.Strategy
+        (ext.reduce_to, ext.batch_reduce_to, ctx.all_reduce,
+         strategy.reduce) = self._saved  # fmt: skip
+
+
 def _digest(lines):
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
 
@@ -184,7 +324,12 @@ def compiled_step(model, hlo_dump_dir):
             if path.endswith("after_optimizations.txt"):
                 with open(path) as f:
                     lines += canonical_hlo(f.read())
-        return {"kind": "XLA HLO", "ops": len(lines), "digest": _digest(lines)}
+        return {
+            "kind": "XLA HLO",
+            "ops": len(lines),
+            "digest": _digest(lines),
+            "collectives": hlo_collectives(lines),
+        }
     if backend == "tensorflow":
         ops = collections.Counter()
         for fn in _tf_functions(model.train_function, set()):
@@ -360,7 +505,10 @@ def fit_step(opts, gate):
                 counter.stop()
                 gate.report(times[-1] / steps)
 
-    with topology.scope():
+    reductions = contextlib.nullcontext()
+    if opts.get("work") and topology.strategy is not None:
+        reductions = TFReductionCounter()
+    with topology.scope(), reductions:
         model = build(keras)
         model.compile(optimizer="sgd", loss="mse", metrics=metrics)
         model.fit(
@@ -373,10 +521,17 @@ def fit_step(opts, gate):
             callbacks=[Timer()],
         )
     if opts.get("work"):
+        graph = compiled_step(model, opts["hlo_dump_dir"])
+        if graph is not None and isinstance(reductions, TFReductionCounter):
+            # The step is traced once (the batches divide the samples).
+            total_steps = steps * (opts["epochs"] + 1)
+            graph["collectives"] = reductions.traced["calls"]
+            graph["reduced_tensors"] = reductions.traced["tensors"]
+            graph["eager_per_step"] = reductions.eager["calls"] / total_steps
         return _result(
             [],
             calls_per_step=[c / steps for c in counter.counts],
-            graph=compiled_step(model, opts["hlo_dump_dir"]),
+            graph=graph,
         )
     return [t / steps for t in times[1:]]
 
