@@ -521,19 +521,23 @@ def fit_step(opts, gate):
             callbacks=[Timer()],
         )
     if opts.get("work"):
-        graph = compiled_step(model, opts["hlo_dump_dir"])
-        if graph is not None and isinstance(reductions, TFReductionCounter):
-            # The step is traced once (the batches divide the samples).
-            total_steps = steps * (opts["epochs"] + 1)
-            graph["collectives"] = reductions.traced["calls"]
-            graph["reduced_tensors"] = reductions.traced["tensors"]
-            graph["eager_per_step"] = reductions.eager["calls"] / total_steps
-        return _result(
-            [],
-            calls_per_step=[c / steps for c in counter.counts],
-            graph=graph,
-        )
+        return _work_result(model, counter, reductions, steps, opts)
     return [t / steps for t in times[1:]]
+
+
+def _work_result(model, counter, reductions, steps, opts):
+    """``fit_step``'s counts: Python calls per step, the compiled step and,
+    under a ``tf.distribute`` strategy, its cross-replica reductions."""
+    graph = compiled_step(model, opts["hlo_dump_dir"])
+    if graph is not None and isinstance(reductions, TFReductionCounter):
+        # The step is traced once (the batches divide the samples).
+        total_steps = steps * (opts["epochs"] + 1)
+        graph["collectives"] = reductions.traced["calls"]
+        graph["reduced_tensors"] = reductions.traced["tensors"]
+        graph["eager_per_step"] = reductions.eager["calls"] / total_steps
+    return _result(
+        [], calls_per_step=[c / steps for c in counter.counts], graph=graph
+    )
 
 
 def ddp_step(opts, gate):
