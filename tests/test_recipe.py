@@ -279,6 +279,26 @@ def test_failed_wheel_build_leaves_dist_empty(upstream, monkeypatch):
     assert not any(p.name.startswith(".wheel.") for p in layout.build.iterdir())
 
 
+def test_a_pr_body_reports_its_pr_check_row(upstream):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    _add_fix(layout, base, tree)
+    tree = series.materialize(layout, base)
+    (patch,) = series.read_series(layout, base)
+    layout.dist.mkdir(parents=True, exist_ok=True)
+    row = {"patch": patch.name, "applies": True, "error": None,
+           "torch": "pass", "stock:torch": "fail", "jax": "-",
+           "verdict": "proven"}  # fmt: skip
+    (layout.dist / f"pr-check-{base.version}.json").write_text(
+        json.dumps({"rev": "master", "source": "checkout", "rows": [row]})
+    )
+    out = prseries.write(layout, base, tree)
+    body = (out / "0001-Reverse-the-order.md").read_text()
+    assert "### This PR alone on Keras master\n" in body
+    assert "Keras at `master`, the tests it adds" in body
+    assert "| torch | fail | pass |" in body and "| jax |" not in body
+
+
 def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
     upstream, tmp_path
 ):
@@ -304,6 +324,7 @@ def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
     # no placeholder in the body: the cover letter says so.
     assert "## Contributor Agreement\n\n- [ ] I am a human" in body
     assert "Proof" not in body and "scripts/" not in body
+    assert "alone on Keras master" not in body  # no pr-check run
     cover = (out / "0000-cover-letter.patch").read_text()
     assert "Subject: [PATCH 0/1] " in cover and "proof: not run" in cover
     assert " 1 files changed, 1 insertions(+), 1 deletions(-)" in cover
@@ -630,3 +651,27 @@ def test_a_patch_may_carry_several_fixes(tmp_path):
     info = series.parse_patch(patch)
     assert info.fixes == ("reverse", "other")
     assert "Fork-Fix" not in info.message
+
+
+def test_added_tests_are_module_functions_and_class_methods_only(tmp_path):
+    patch = tmp_path / "x.patch"
+    patch.write_text(
+        "From 0 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] Add tests\n\n"
+        "Why.\n---\n"
+        "diff --git a/keras/src/a_test.py b/keras/src/a_test.py\n"
+        "--- a/keras/src/a_test.py\n+++ b/keras/src/a_test.py\n"
+        "@@ -1,1 +1,8 @@\n"
+        " import keras\n"
+        "+def test_module_level():\n"
+        "+    class T:\n"
+        "+        def test_step(self, data):\n"
+        "+            pass\n"
+        "+class C:\n"
+        "+    def test_method(self):\n"
+        "+        pass\n"
+    )
+    # The model's test_step override is not a test pytest collects.
+    assert series.parse_patch(patch).added_tests() == [
+        "keras/src/a_test.py::test_module_level",
+        "keras/src/a_test.py::test_method",
+    ]

@@ -50,6 +50,45 @@ def proof_cells(layout: Layout) -> list[dict]:
         return []
 
 
+def pr_check_rows(layout: Layout, base: Base) -> dict:
+    """The rows of the last ``pr-check`` of ``base``
+    (``dist/pr-check-<V>.json``) by patch file name, each with the
+    checkout's ``rev`` and ``source``; empty when it never ran."""
+    try:
+        doc = json.loads(
+            (layout.dist / f"pr-check-{base.version}.json").read_text()
+        )
+    except (FileNotFoundError, ValueError):
+        return {}
+    where = {"rev": doc.get("rev"), "source": doc.get("source", "checkout")}
+    return {r["patch"]: dict(r, **where) for r in doc.get("rows", [])}
+
+
+def _master_lines(row: dict | None) -> list[str]:
+    """The body's section on the PR alone on a Keras checkout, from its
+    ``pr-check`` row: each backend's added tests on the checkout's code and
+    with the PR; none when it was not checked or did not apply."""
+    if not row or not row.get("applies"):
+        return []
+    where = f"Keras at `{row['rev']}`"
+    if row["source"] == "base":
+        where += " (its test files, under the nightly's source)"
+    lines = [
+        "### This PR alone on Keras master",
+        "",
+        f"Applied alone to {where}, the tests it adds, without and with its "
+        f"change: {row.get('verdict', '-')}.",
+        "",
+        "| backend | without | with |",
+        "|---|---|---|",
+    ]
+    for backend in ("jax", "tensorflow", "torch"):
+        if row.get(backend) not in (None, "-"):
+            stock = row.get(f"stock:{backend}", "-")
+            lines.append(f"| {backend} | {stock} | {row[backend]} |")
+    return [*lines, ""]
+
+
 def issue_lines(infos: list[series.PatchInfo]) -> list[str]:
     """The issue line of each PR body, in series order.
 
@@ -88,46 +127,23 @@ AGREEMENT = "\n".join(
 )
 
 
-def render_pr_body(
-    info: series.PatchInfo, base: Base, cells: list[dict], issue: str = ""
-) -> str:
-    """Markdown PR body in Keras's template: the description (problem,
-    change, issue line), the unit tests the patch adds, the proof cells of
-    its fix when a proof run exists (none: no proof section; the cover
-    letter says the proof was not run), and the contributor agreement.
-
-    Args:
-        info: the patch.
-        base: the base the series is on.
-        cells: ``dist/proof.json``'s cells (may be empty).
-        issue: the patch's line from ``issue_lines``.
-    """
-    # Commit-message convention of the series: the first paragraph states
-    # the problem, the rest the change; the issue line is `issue`.
-    paragraphs = [
-        p for p in info.message.split("\n\n") if not _FIXES_LINE.match(p)
-    ]
-    problem = paragraphs[0] if paragraphs else info.subject
-    change = "\n\n".join(paragraphs[1:]) or info.subject
+def _proof_lines(info: series.PatchInfo, base: Base, cells: list[dict]):
+    """The body's proof section: the matrix cells of the patch's fixes that
+    ran on ``base``, and how many more do not apply; none without a run."""
     rows = [
         c
         for c in cells
         if c.get("fix") in info.fixes and c["base"] == base.version
     ]
-    lines = ["## Description", "", problem, "", change, ""]
-    if issue:
-        lines += [issue, ""]
-    lines += ["### Tests", ""]
-    tests = sorted(set(info.added_tests()), key=info.added_tests().index)
-    lines += [f"- `{t}`" for t in tests] or ["- (this patch adds no unit test)"]
-    lines.append("")
+    lines = []
     run = [c for c in rows if c["verdict"] != "n/a"]
     if run:
         several = len(info.fixes) > 1
         lines += [
-            f"### Proof on keras {base.version} (stock vs this patch)",
+            f"### Proof on keras {base.version} (stock vs the series)",
             "",
-            "Integration tests run on stock Keras and with this patch; "
+            "Integration tests run on stock Keras and with the whole series "
+            "of the cover letter applied (this PR and the others); "
             f"topologies: {TOPOLOGY_LEGEND}.",
             "",
             "| " + ("fix | " if several else "")
@@ -143,6 +159,44 @@ def render_pr_body(
         if len(run) < len(rows):
             lines += ["", f"({len(rows) - len(run)} more cells do not apply.)"]
         lines.append("")
+    return lines
+
+
+def render_pr_body(
+    info: series.PatchInfo,
+    base: Base,
+    cells: list[dict],
+    issue: str = "",
+    master: dict | None = None,
+) -> str:
+    """Markdown PR body in Keras's template: the description (problem,
+    change, issue line), the unit tests the patch adds, the proof cells of
+    its fix when a proof run exists (none: no proof section; the cover
+    letter says the proof was not run), and the contributor agreement.
+
+    Args:
+        info: the patch.
+        base: the base the series is on.
+        cells: ``dist/proof.json``'s cells (may be empty).
+        issue: the patch's line from ``issue_lines``.
+        master: the patch's ``pr-check`` row (``pr_check_rows``), or None.
+    """
+    # Commit-message convention of the series: the first paragraph states
+    # the problem, the rest the change; the issue line is `issue`.
+    paragraphs = [
+        p for p in info.message.split("\n\n") if not _FIXES_LINE.match(p)
+    ]
+    problem = paragraphs[0] if paragraphs else info.subject
+    change = "\n\n".join(paragraphs[1:]) or info.subject
+    lines = ["## Description", "", problem, "", change, ""]
+    if issue:
+        lines += [issue, ""]
+    lines += ["### Tests", ""]
+    tests = sorted(set(info.added_tests()), key=info.added_tests().index)
+    lines += [f"- `{t}`" for t in tests] or ["- (this patch adds no unit test)"]
+    lines.append("")
+    lines += _master_lines(master)
+    lines += _proof_lines(info, base, cells)
     return "\n".join(lines) + "\n" + AGREEMENT
 
 
@@ -201,6 +255,7 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
     total = len(patches)
     width = len(str(total))
     author = author_identity(layout.root)
+    checked = pr_check_rows(layout, base)
     for k, (f, info, issue) in enumerate(
         zip(patches, infos, issue_lines(infos), strict=True), start=1
     ):
@@ -215,7 +270,7 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
             text = re.sub(r"^From: .*$", f"From: {author}", text, 1, re.M)
         f.write_text(series.strip_fork_trailers(text))
         f.with_suffix(".md").write_text(
-            render_pr_body(info, base, cells, issue)
+            render_pr_body(info, base, cells, issue, checked.get(info.name))
         )
     cover.write_text(_cover(base, infos, patches, author, bool(cells), width))
 

@@ -142,12 +142,15 @@ class PatchInfo:
         }
 
     def added_tests(self) -> list[str]:
-        """``path::test_name`` of each test function the diff adds."""
+        """``path::test_name`` of each test function the diff adds: a
+        module-level function or a method of a module-level class (indented
+        at most 4 spaces). A deeper ``def test_...`` is nested in a test,
+        e.g. a model's ``test_step`` override, and is not collected."""
         tests, path = [], None
         for line in self.diff.splitlines():
             if line.startswith("+++ b/"):
                 path = line[6:]
-            m = re.match(r"^\+\s*def (test_\w+)\(", line)
+            m = re.match(r"^\+ {0,4}def (test_\w+)\(", line)
             if m and path:
                 tests.append(f"{path}::{m.group(1)}")
         return tests
