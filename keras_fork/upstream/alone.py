@@ -110,19 +110,6 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines(True) if path.exists() else []
 
 
-def _apply(tree: Path, diff: str, three_way: bool = True) -> str | None:
-    """Applies ``diff`` to the worktree's files, as it is, else (with
-    ``three_way``) by a three-way merge; git's error, or None."""
-    for flags in ((), ("--3way",)) if three_way else ((),):
-        proc = subprocess.run(
-            ["git", "-C", str(tree), "apply", *flags, "-"],
-            input=diff, capture_output=True, text=True,
-        )  # fmt: skip
-        if proc.returncode == 0:
-            return None
-    return proc.stderr.strip()
-
-
 def _union(ours: list[str], base: list[str], theirs: list[str]) -> list[str]:
     """``git merge-file --union``: both sides' changes to ``base``, kept."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,19 +130,21 @@ def _alone_files(tree, commit, patch, tests, chain):
     files = [_path(b) for b in tests]
     checkout.reset(tree, commit)
     pristine = {f: _lines(tree / f) for f in files}
-    as_is = _apply(tree, "".join(tests), three_way=False) is None
-    if as_is or _apply(tree, "".join(tests)) is None:  # already alone
+    applied, errors = checkout.apply(tree, "".join(tests))
+    if applied:  # already alone; as it is when the plain apply took it
         alone = {f: _lines(tree / f) for f in files}
         for f in files:
             chain[f] = _union(chain.get(f, pristine[f]), pristine[f], alone[f])
-        return None if as_is else alone
+        return alone if errors else None
     checkout.reset(tree, commit)
     for f in files:
         (tree / f).write_text("".join(chain.get(f, pristine[f])))
     before = {f: _lines(tree / f) for f in files}
-    error = _apply(tree, "".join(tests))
-    if error is not None:
-        raise ForkError(f"{patch.name}: its test hunks do not apply: {error}")
+    applied, errors = checkout.apply(tree, "".join(tests))
+    if not applied:
+        raise ForkError(
+            f"{patch.name}: its test hunks do not apply: {errors[-1]}"
+        )
     alone = {}
     for f in files:
         chain[f] = _lines(tree / f)

@@ -23,11 +23,33 @@ from keras_fork.recipe import sdist as sdist_lib
 SOURCES = ("checkout", "base")
 
 
-def git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    """``git -C repo args``, output captured, never raising."""
+def git(repo: Path, *args: str, input: str | None = None):
+    """``git -C repo args`` (``input`` on its stdin), output captured,
+    never raising; the ``subprocess.CompletedProcess``."""
     return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True
-    )
+        ["git", "-C", str(repo), *args],
+        capture_output=True, text=True, input=input,
+    )  # fmt: skip
+
+
+def apply(tree: Path, diff: str, *flags: str) -> tuple[bool, list[str]]:
+    """``git apply`` of ``diff`` (a patch's text) in the worktree: as it
+    is, else by a three-way merge (``--3way``: where the checkout has the
+    blobs the diff was made from). A failed plain apply writes nothing.
+
+    Returns:
+        ``(applied, errors)``: ``errors`` holds the first error line of
+        each attempt that failed, in order (empty when the plain one
+        applied).
+    """
+    errors = []
+    for way in ((), ("--3way",)):
+        proc = git(tree, "apply", *way, *flags, "-", input=diff)
+        if proc.returncode == 0:
+            return True, errors
+        lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+        errors.append((lines or proc.stderr.strip().splitlines() or ["?"])[0])
+    return False, errors
 
 
 def _base_source(worktree: Path, layout: pins.Layout, base: pins.Base):

@@ -39,9 +39,6 @@ BACKENDS = ("jax", "tensorflow", "torch")
 TIMEOUT = 1800
 
 
-_git = checkout.git
-
-
 def apply_alone(worktree: Path, patch: Path) -> str | None:
     """Applies ``patch`` (test hunks included) to the clean ``worktree``:
     as it is, else with a three-way merge where the checkout has the blobs
@@ -51,14 +48,9 @@ def apply_alone(worktree: Path, patch: Path) -> str | None:
         None when it applied, else git's first error line of the plain
         apply (the three-way one's where it could be tried).
     """
-    errors = []
-    for flags in ((), ("--3way",)):
-        proc = _git(worktree, "apply", *flags, "--index", str(patch.resolve()))
-        if proc.returncode == 0:
-            return None
-        _git(worktree, "reset", "-q", "--hard")
-        lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]
-        errors.append((lines or proc.stderr.strip().splitlines() or ["?"])[0])
+    applied, errors = checkout.apply(worktree, patch.read_text(), "--index")
+    if applied:
+        return None
     return errors[0] if "lacks the necessary blob" in errors[1] else errors[1]
 
 
@@ -69,14 +61,10 @@ def apply_tests_only(worktree: Path, patch: Path) -> str | None:
     Returns:
         None when they applied, else git's first error line.
     """
-    proc = _git(
-        worktree, "apply", "--3way", "--index", "--include=*_test.py",
-        str(patch.resolve()),
-    )  # fmt: skip
-    if proc.returncode == 0:
-        return None
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error")]
-    return (lines or [proc.stderr.strip()])[0]
+    applied, errors = checkout.apply(
+        worktree, patch.read_text(), "--index", "--include=*_test.py"
+    )
+    return None if applied else errors[-1]
 
 
 def stock_verdict(row: dict, backends) -> str:
@@ -174,10 +162,10 @@ def check(
     return rows
 
 
-def _stock_side(worktree: Path, rev: str, patch: Path, backends, row):
+def _stock_side(worktree: Path, commit: str, patch: Path, backends, row):
     """The PR's added tests on the checkout's own code (its test hunks
     only), as ``stock:<backend>`` entries of ``row``."""
-    checkout.reset(worktree, rev)
+    checkout.reset(worktree, commit)
     error = apply_tests_only(worktree, patch)
     if error is not None:
         row["stock_error"] = error
