@@ -12,7 +12,9 @@ step per execution, on 72 samples in batches of 16 (5 steps per epoch: the
 last call has fewer steps than ``steps_per_execution``).
 
 JAX and one TensorFlow device run unchanged: guards. The PyTorch backend
-accepts only ``steps_per_execution=1``.
+of 3.15.1 accepts only ``steps_per_execution=1``; master's ``Model.fit``
+under torch ``DataParallel`` (``torch/dp-2``) runs several steps per
+execution and follows one device: a guard there.
 """
 
 import contextlib
@@ -170,6 +172,43 @@ def test_jax_processes_steps_per_execution_match_one_device(topology):
         pytest.skip("jax/procs-2 only")
     runs = workers.run_workers(
         f"{__name__}:_jax_process_runs", world_size=2, timeout=300
+    )
+    for rank, results in enumerate(runs):
+        for spe, (result, expected) in results.items():
+            _assert_same(
+                result, expected, where=f"process {rank}, {spe} steps:"
+            )
+
+
+def _torch_process_runs(rank, world_size):
+    """In each torch/dp-2 worker: this process's one device with one step
+    per execution on the whole global batches, then 2 and 3 steps per
+    execution under DataParallel over both processes, each feeding its part
+    of every global batch (NumPy arrays need ``auto_shard_dataset=False``
+    there)."""
+    distribution = devices.torch_processes(rank, world_size)
+    distribution.auto_shard_dataset = False
+    # One process feeding every row of the same 64 samples (no predict),
+    # before any distribution is in scope.
+    expected = _run(contextlib.nullcontext(), 1, (0, 1))
+    process = (rank, world_size)
+    return {
+        spe: [_run(distribution.scope(), spe, process), expected]
+        for spe in (2, 3)
+    }
+
+
+@pytest.mark.fix("steps-per-execution", role="guard")
+def test_torch_processes_steps_per_execution_match_one_device(topology):
+    """torch/dp-2 (master: ``Model.fit`` on torch under
+    ``keras.distribution.DataParallel``, keras-team/keras#23316): several
+    steps per execution follow one device there already (stock nightly:
+    within 1.2e-7), weights, epoch losses and metrics, and ``evaluate``
+    (guard of the N processes = 1 device invariant)."""
+    if topology.name != "dp-2":
+        pytest.skip("torch/dp-2 only")
+    runs = workers.run_workers(
+        f"{__name__}:_torch_process_runs", world_size=2, timeout=300
     )
     for rank, results in enumerate(runs):
         for spe, (result, expected) in results.items():
