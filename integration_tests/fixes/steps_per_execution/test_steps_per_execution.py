@@ -127,6 +127,31 @@ def test_steps_per_execution_matches_one_device(topology, steps_per_execution):
     _assert_same(_run(topology.scope(), steps_per_execution), expected)
 
 
+def _process_runs(distribution, rank, world_size):
+    """2 and 3 steps per execution under ``distribution`` over the
+    processes, each feeding its part of every global batch, each paired
+    with one device running one step per execution on the whole global
+    batches of the same 64 samples (no predict), trained first."""
+    expected = _run(contextlib.nullcontext(), 1, (0, 1))
+    process = (rank, world_size)
+    return {
+        spe: [_run(distribution.scope(), spe, process), expected]
+        for spe in (2, 3)
+    }
+
+
+def _assert_process_runs(target):
+    """Runs ``target`` on 2 workers; each run must equal its reference."""
+    runs = workers.run_workers(
+        f"{__name__}:{target}", world_size=2, timeout=300
+    )
+    for rank, results in enumerate(runs):
+        for spe, (result, expected) in results.items():
+            _assert_same(
+                result, expected, where=f"process {rank}, {spe} steps:"
+            )
+
+
 def _multiworker_runs(rank, world_size):
     """In each worker: 2 steps per execution under MultiWorkerMirrored, and
     one device with one step per execution."""
@@ -153,14 +178,9 @@ def _jax_process_runs(rank, world_size):
     DataParallel over both processes (each feeding its part of every global
     batch), and this process's one device with one step per execution on
     the whole global batches."""
-    distribution = devices.jax_processes(rank, world_size)
-    process = (rank, world_size)
-    # One process feeding every row of the same 64 samples (no predict).
-    expected = _run(contextlib.nullcontext(), 1, (0, 1))
-    return {
-        spe: [_run(distribution.scope(), spe, process), expected]
-        for spe in (2, 3)
-    }
+    return _process_runs(
+        devices.jax_processes(rank, world_size), rank, world_size
+    )
 
 
 @pytest.mark.fix("steps-per-execution", role="guard")
@@ -170,14 +190,7 @@ def test_jax_processes_steps_per_execution_match_one_device(topology):
     N processes = 1 device invariant)."""
     if topology.name != "procs-2":
         pytest.skip("jax/procs-2 only")
-    runs = workers.run_workers(
-        f"{__name__}:_jax_process_runs", world_size=2, timeout=300
-    )
-    for rank, results in enumerate(runs):
-        for spe, (result, expected) in results.items():
-            _assert_same(
-                result, expected, where=f"process {rank}, {spe} steps:"
-            )
+    _assert_process_runs("_jax_process_runs")
 
 
 def _torch_process_runs(rank, world_size):
@@ -188,14 +201,7 @@ def _torch_process_runs(rank, world_size):
     there)."""
     distribution = devices.torch_processes(rank, world_size)
     distribution.auto_shard_dataset = False
-    # One process feeding every row of the same 64 samples (no predict),
-    # before any distribution is in scope.
-    expected = _run(contextlib.nullcontext(), 1, (0, 1))
-    process = (rank, world_size)
-    return {
-        spe: [_run(distribution.scope(), spe, process), expected]
-        for spe in (2, 3)
-    }
+    return _process_runs(distribution, rank, world_size)
 
 
 @pytest.mark.fix("steps-per-execution", role="guard")
@@ -207,11 +213,4 @@ def test_torch_processes_steps_per_execution_match_one_device(topology):
     (guard of the N processes = 1 device invariant)."""
     if topology.name != "dp-2":
         pytest.skip("torch/dp-2 only")
-    runs = workers.run_workers(
-        f"{__name__}:_torch_process_runs", world_size=2, timeout=300
-    )
-    for rank, results in enumerate(runs):
-        for spe, (result, expected) in results.items():
-            _assert_same(
-                result, expected, where=f"process {rank}, {spe} steps:"
-            )
+    _assert_process_runs("_torch_process_runs")
