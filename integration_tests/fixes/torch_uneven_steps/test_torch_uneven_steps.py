@@ -1,0 +1,148 @@
+"""Proof of the uneven-steps fix of torch ``fit`` under DDP.
+
+On Keras master, ``Model.fit`` on torch trains under
+``DistributedDataParallel`` when ``torch.distributed`` is initialized,
+alone (``torch/ddp-2``) or under ``keras.distribution.DataParallel``
+(``torch/dp-2``, keras-team/keras#23316), and every step all-reduces the
+gradients over the processes. ``DataParallel`` auto-shards a ``PyDataset``
+by ``data_shard_id``: 5 batches over 2 processes give process 0 three
+steps and process 1 two. On stock, process 0 enters its third step's
+all-reduce alone while process 1 reduces the epoch's metrics: gloo aborts
+both (a collective size mismatch, SIGABRT); NCCL would wait forever. The
+same happens when each process feeds arrays of its own size.
+
+The fork compares the processes' step counts before the first step and
+raises a ``ValueError`` in every process naming them. An even split trains
+as before (checked in the same workers), and so does one process (guard).
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+from integration_tests.harness import devices
+from integration_tests.harness import workers
+
+pytestmark = pytest.mark.fix("torch-uneven-steps")
+BATCH = 8
+
+
+class Batches(keras.utils.PyDataset):
+    """``num_batches`` batches of ``BATCH`` rows."""
+
+    def __init__(self, num_batches):
+        super().__init__()
+        rng = np.random.default_rng(23316)
+        self.x = rng.normal(size=(num_batches * BATCH, 4)).astype("float32")
+        self.y = rng.normal(size=(num_batches * BATCH, 1)).astype("float32")
+
+    def __len__(self):
+        return len(self.x) // BATCH
+
+    def __getitem__(self, i):
+        rows = slice(i * BATCH, (i + 1) * BATCH)
+        return self.x[rows], self.y[rows]
+
+
+def _fit(scope, x):
+    """Two epochs of ``fit`` on ``x`` (a ``PyDataset`` or arrays in batches
+    of ``BATCH``) under ``scope``; returns ``"trained"`` with the number of
+    steps of the last epoch, or the ``ValueError`` it raised."""
+    with scope:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        steps = []  # the last epoch's
+        callback = keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs: steps.clear(),
+            on_train_batch_end=lambda batch, logs: steps.append(batch),
+        )
+        kwargs = (
+            {}
+            if isinstance(x, keras.utils.PyDataset)
+            else {
+                "y": np.zeros((len(x), 1), "float32"),
+                "batch_size": BATCH,
+            }
+        )
+        try:
+            model.fit(x, epochs=2, verbose=0, callbacks=[callback], **kwargs)
+        except ValueError as e:
+            return {"error": str(e)}
+    return {"trained": len(steps)}
+
+
+def _dp_runs(rank, world_size):
+    """In a ``torch/dp-2`` worker: ``DataParallel`` auto-shards a
+    ``PyDataset`` of 5 batches (3 and 2 per process), then of 4 (2 and
+    2)."""
+    distribution = devices.torch_processes(rank, world_size)
+    return {
+        "uneven": _fit(distribution.scope(), Batches(5)),
+        "even": _fit(distribution.scope(), Batches(4)),
+    }
+
+
+def _rows(rank, batches):
+    return np.ones((batches[rank] * BATCH, 4), "float32")
+
+
+def _ddp_runs(rank, world_size):
+    """In a ``torch/ddp-2`` worker: a process group without a
+    ``keras.distribution``, each process feeding arrays of its own size,
+    3 and 2 batches, then 2 and 2. Stock's mismatched collectives fail at
+    the group's 30 s timeout."""
+    with workers.torch_process_group(rank, world_size, timeout=30):
+        nothing = contextlib.nullcontext
+        return {
+            "uneven": _fit(nothing(), _rows(rank, [3, 2])),
+            "even": _fit(nothing(), _rows(rank, [2, 2])),
+        }
+
+
+def _assert_refused_then_trained(target):
+    """Both processes raise the ``ValueError`` naming the counts ``[3,
+    2]``, then the even split trains 2 steps an epoch in both.
+
+    Stock: gloo aborts a worker, or (``torch/dp-2``) both wait in
+    mismatched collectives until the timeout. The workers need about 15 s
+    on 2 CPU cores; 90 s bounds the stock hang with room for a slow
+    machine."""
+    runs = workers.run_workers(f"{__name__}:{target}", world_size=2, timeout=90)
+    for rank, run in enumerate(runs):
+        assert "[3, 2] training steps per epoch" in run["uneven"].get(
+            "error", ""
+        ), f"process {rank}: {run['uneven']}"
+        assert run["even"] == {"trained": 2}, f"process {rank}: {run}"
+
+
+def test_dp_uneven_auto_shard_is_refused(topology):
+    """torch/dp-2: a ``PyDataset`` auto-sharded by ``DataParallel``."""
+    if topology.name != "dp-2":
+        pytest.skip("torch/dp-2 only")
+    _assert_refused_then_trained("_dp_runs")
+
+
+def test_ddp_uneven_arrays_are_refused(topology):
+    """torch/ddp-2: arrays of different sizes per process."""
+    if topology.name != "ddp-2":
+        pytest.skip("torch/ddp-2 only")
+    _assert_refused_then_trained("_ddp_runs")
+
+
+def _one_process_runs(rank, world_size):
+    with workers.torch_process_group(rank, world_size):
+        return _fit(contextlib.nullcontext(), _rows(0, [3]))
+
+
+@pytest.mark.fix("torch-uneven-steps", role="guard")
+def test_one_process_group_trains_any_batch_count(topology):
+    """torch/1, in a process group of one (``fit`` wraps the model in
+    DDP): 3 batches train, nothing to compare."""
+    if topology.name != "1":
+        pytest.skip("torch/1 only")
+    (run,) = workers.run_workers(
+        f"{__name__}:_one_process_runs", world_size=1, timeout=180
+    )
+    assert run == {"trained": 3}
