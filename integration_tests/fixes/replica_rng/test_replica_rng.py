@@ -52,6 +52,24 @@ class Scale(keras.layers.Layer):
         return x * self.w
 
 
+def dropout_model(seed):
+    """``Dropout(RATE, seed=seed)`` then ``Scale`` on ``UNITS`` inputs,
+    compiled for ``_keep_counts``: loss ``mean(y_pred)``, SGD at learning
+    rate ``(1 - RATE) * UNITS``."""
+    model = keras.Sequential(
+        [
+            keras.Input((UNITS,)),
+            keras.layers.Dropout(RATE, seed=seed),
+            Scale(),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD((1 - RATE) * UNITS),
+        loss=lambda y_true, y_pred: keras.ops.mean(y_pred, axis=-1),
+    )
+    return model
+
+
 def _keep_counts(topology, batch, seed=1337):
     """One ``fit`` step on ``batch`` rows of ones through ``Dropout`` and
     ``Scale``; returns, per unit, how many rows kept it.
@@ -65,17 +83,7 @@ def _keep_counts(topology, batch, seed=1337):
     over small integers), so float32 sums are exact in any order.
     """
     with topology.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((UNITS,)),
-                keras.layers.Dropout(RATE, seed=seed),
-                Scale(),
-            ]
-        )
-        model.compile(
-            optimizer=keras.optimizers.SGD((1 - RATE) * UNITS),
-            loss=lambda y_true, y_pred: keras.ops.mean(y_pred, axis=-1),
-        )
+        model = dropout_model(seed)
         x = np.ones((batch, UNITS), "float32")
         model.fit(
             x,

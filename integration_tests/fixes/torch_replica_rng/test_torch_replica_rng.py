@@ -23,7 +23,7 @@ import pytest
 
 from integration_tests.fixes.replica_rng.test_replica_rng import RATE
 from integration_tests.fixes.replica_rng.test_replica_rng import UNITS
-from integration_tests.fixes.replica_rng.test_replica_rng import Scale
+from integration_tests.fixes.replica_rng.test_replica_rng import dropout_model
 from integration_tests.harness import devices
 from integration_tests.harness import workers
 
@@ -41,17 +41,7 @@ def _process_keep_counts(scope, world_size, seed):
     gradients). The values are dyadic, so exact in float32 in any order.
     """
     with scope:
-        model = keras.Sequential(
-            [
-                keras.Input((UNITS,)),
-                keras.layers.Dropout(RATE, seed=seed),
-                Scale(),
-            ]
-        )
-        model.compile(
-            optimizer=keras.optimizers.SGD((1 - RATE) * UNITS),
-            loss=lambda y_true, y_pred: keras.ops.mean(y_pred, axis=-1),
-        )
+        model = dropout_model(seed)
         model.fit(
             np.ones((1, UNITS), "float32"),
             np.zeros((1, 1), "float32"),
