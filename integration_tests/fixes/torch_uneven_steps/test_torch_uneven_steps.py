@@ -76,7 +76,20 @@ def _fit(scope, x):
 def _dp_runs(rank, world_size):
     """In a ``torch/dp-2`` worker: ``DataParallel`` auto-shards a
     ``PyDataset`` of 5 batches (3 and 2 per process), then of 4 (2 and
-    2)."""
+    2). The process group is started first, with a 30 s timeout on its
+    collectives, so that stock's mismatched ones fail then rather than at
+    the test's timeout (``keras.distribution.initialize`` keeps a started
+    group)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        workers.collective_backend(),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=30),
+    )
     distribution = devices.torch_processes(rank, world_size)
     return {
         "uneven": _fit(distribution.scope(), Batches(5)),
@@ -105,10 +118,9 @@ def _assert_refused_then_trained(target):
     """Both processes raise the ``ValueError`` naming the counts ``[3,
     2]``, then the even split trains 2 steps an epoch in both.
 
-    Stock: gloo aborts a worker, or (``torch/dp-2``) both wait in
-    mismatched collectives until the timeout. The workers need about 15 s
-    on 2 CPU cores; 90 s bounds the stock hang with room for a slow
-    machine."""
+    Stock: gloo aborts a worker, or both wait in mismatched collectives
+    until the process group's 30 s timeout. The workers need about 15 s on
+    2 CPU cores; 90 s bounds the whole run with room for a slow machine."""
     runs = workers.run_workers(f"{__name__}:{target}", world_size=2, timeout=90)
     for rank, run in enumerate(runs):
         assert "[3, 2] training steps per epoch" in run["uneven"].get(
