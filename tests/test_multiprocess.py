@@ -145,3 +145,20 @@ def test_a_worker_for_another_keras_is_spawned(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", *sys.path]))
     (other,) = workers.run_workers("tests.mp_targets:parent", 1, 60)
     assert other == os.getpid() != first
+
+
+def test_a_torch_worker_on_gpus_is_spawned(monkeypatch):
+    """Importing keras's torch backend initializes CUDA where a GPU is
+    present, and a process forked after that cannot use CUDA (the first GPU
+    run's torch/1 cells failed so), so under ``PROOF_ACCELERATOR=gpu`` a
+    torch worker starts fresh; on CPU it still forks."""
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    env = {"KERAS_BACKEND": "torch", "PYTHONPATH": os.environ.get("PYTHONPATH")}
+    monkeypatch.setattr(workers, "_SERVER_ENV", None)
+    assert workers._fork_server_for(env) is not None
+    gpu = dict(env, PROOF_ACCELERATOR="gpu")
+    assert workers._fork_server_for(gpu) is None
+    jax = dict(gpu, KERAS_BACKEND="jax")
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setattr(workers, "_SERVER_ENV", None)
+    assert workers._fork_server_for(jax) is not None

@@ -20,7 +20,8 @@ function about 0.1 s after the call instead of after 2.5 (jax) to 7.7 s
 session, environment and log; ``PROOF_WORKER_START=spawn`` starts a fresh
 interpreter per worker instead (``python -m integration_tests.harness
 .workers``), as does a call whose ``KERAS_BACKEND`` or ``PYTHONPATH``
-differs from the fork server's.
+differs from the fork server's, and a torch worker on GPUs (importing
+keras's torch backend initializes CUDA, which a forked process cannot use).
 
 Failure handling follows the MultiProcessTestCase rules: the first worker
 that exits non-zero, or the deadline, ends the run; every worker's whole
@@ -183,10 +184,25 @@ def _forked_main(target: str, env: dict, log: str) -> None:
 
 def _fork_server_for(env: dict):
     """The ``forkserver`` context to fork a worker with ``env`` from, or
-    None where it must spawn (``PROOF_WORKER_START=spawn``, or ``env``
-    needs another keras or backend than the server preloaded)."""
+    None where it must spawn (``PROOF_WORKER_START=spawn``; ``env`` needs
+    another keras or backend than the server preloaded; or a torch worker
+    on GPUs).
+
+    Importing keras's torch backend calls ``torch.cuda.is_available()``,
+    which initializes CUDA in the fork server when a GPU is present, and
+    CUDA cannot be used in a process forked after that ("Cannot
+    re-initialize CUDA in forked subprocess",
+    https://pytorch.org/docs/stable/notes/multiprocessing.html): seen on
+    the first GPU run (docs/gpu.md). JAX does not start its backend at
+    import, so its workers still fork on GPUs.
+    """
     global _SERVER_ENV
     if env.get("PROOF_WORKER_START", "forkserver") == "spawn":
+        return None
+    if (
+        env.get("PROOF_ACCELERATOR") == "gpu"
+        and env.get("KERAS_BACKEND") == "torch"
+    ):
         return None
     key = {k: os.environ.get(k) for k in _PRELOADED}
     if _SERVER_ENV is None:
