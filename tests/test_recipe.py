@@ -675,3 +675,33 @@ def test_added_tests_are_module_functions_and_class_methods_only(tmp_path):
         "keras/src/a_test.py::test_module_level",
         "keras/src/a_test.py::test_method",
     ]
+
+
+def test_pr_description_sections_follow_the_message_labels():
+    """A commit message's labelled paragraphs become the PR body's
+    headings: the problem opens the description, a Repro keeps its code
+    block whole (blank lines and column-0 comments included), the change
+    is "The fix", and behaviour changes and cost get their own."""
+    message = "\n\n".join([
+        "Shuffling ignores the seed. Four defects:",
+        "- one\n- two",
+        "Repro (KERAS_BACKEND=jax):",
+        "```python\nimport keras",
+        "# master: the same order\nassert order(1) != order(2)\n```",
+        "The order now comes from the seed.",
+        "Behavior change: another order for a given seed.",
+        "Cost: none.",
+        "Fixes keras-team/keras#1",
+    ])  # fmt: skip
+    info = series.PatchInfo("p.patch", "Shuffle", message, {}, None, "")
+    text = "\n".join(prseries.description_sections(info))
+    assert [h for h in text.split("\n") if h.startswith("##")] == [
+        "### Repro (KERAS_BACKEND=jax)",
+        "### The fix",
+        "### Behaviour changes",
+        "### Cost",
+    ]
+    assert text.startswith("Shuffling ignores the seed. Four defects:\n\n- one")
+    assert "import keras\n\n# master: the same order\nassert" in text
+    assert "### Behaviour changes\n\nAnother order for a given seed." in text
+    assert "### Cost\n\nNone." in text and "Fixes" not in text

@@ -162,6 +162,93 @@ def _proof_lines(info: series.PatchInfo, base: Base, cells: list[dict]):
     return lines
 
 
+# Paragraphs of a commit message that open a section of the PR body, by
+# their label: "Repro (any backend):", "Behaviour changes:", "Cost: ...".
+_LABELS = (
+    (re.compile(r"Repro\b"), "Repro"),
+    (re.compile(r"Behaviou?r changes?\b"), "Behaviour changes"),
+    (re.compile(r"API changes?\b"), "API changes"),
+    (re.compile(r"Cost\b"), "Cost"),
+    (re.compile(r"Unchanged\b"), "Unchanged"),
+    (re.compile(r"Tests\b"), "What the tests check"),
+)
+_LABEL = re.compile(r"^(?P<label>[A-Z][\w ]*?)(?P<note> \([^)\n]*\))?:\s*")
+
+
+def _blocks(message: str) -> list[str]:
+    """The paragraphs of ``message``, a fenced code block (which may hold
+    blank lines) kept whole, without the ``Fixes``/``Refs`` line."""
+    blocks, fence = [], None
+    for part in message.split("\n\n"):
+        if fence is not None:
+            fence += "\n\n" + part
+            if part.count("```") % 2:
+                blocks.append(fence)
+                fence = None
+        elif part.count("```") % 2:
+            fence = part
+        elif not _FIXES_LINE.match(part):
+            blocks.append(part)
+    if fence is not None:
+        blocks.append(fence)
+    return blocks
+
+
+def _label_of(block: str):
+    """``(heading, rest of the paragraph)`` when ``block`` opens a labelled
+    section, else None."""
+    m = _LABEL.match(block)
+    if not m:
+        return None
+    for pattern, heading in _LABELS:
+        if pattern.fullmatch(m["label"]):
+            rest = block[m.end() :]
+            # A word, not a name such as `loss_test.py`.
+            if re.match(r"[a-z]+(?=[\s,;:]|\.(\s|$))", rest):
+                rest = rest[:1].upper() + rest[1:]
+            return heading + (m["note"] or ""), rest
+    return None
+
+
+def description_sections(info: series.PatchInfo) -> list[str]:
+    """The PR description from the commit message, as Markdown lines.
+
+    Convention of the series' messages: the first paragraph states the
+    problem (the description's opening, with what it announces by ending
+    in a colon); a paragraph labelled ``Repro`` is followed by its code
+    block; the other unlabelled paragraphs are the change
+    (``### The fix``); ``Behaviour changes:``, ``API changes:``,
+    ``Cost:``, ``Unchanged:`` and ``Tests:`` paragraphs each open a
+    section of that heading, which runs to the next label. Keras's PR
+    template asks for the what and why and for behaviour changes to be
+    flagged (https://github.com/keras-team/keras/blob/master/
+    .github/PULL_REQUEST_TEMPLATE.md).
+    """
+    blocks = _blocks(info.message) or [info.subject]
+    out = [blocks[0]]
+    section, fixed = "problem", False
+    for prev, block in zip(blocks, blocks[1:]):
+        if prev.rstrip().endswith(":") and not _label_of(block):
+            out += ["", block]  # announced by the paragraph before it
+            continue
+        labelled = _label_of(block)
+        if labelled:
+            heading, rest = labelled
+            section = "repro" if heading.startswith("Repro") else "other"
+            out += ["", f"### {heading}"]
+            if rest:
+                out += ["", rest]
+            continue
+        is_code = block.lstrip().startswith("```")
+        if not fixed and (
+            section == "problem" or (section == "repro" and not is_code)
+        ):
+            out += ["", "### The fix"]
+            section, fixed = "fix", True
+        out += ["", block]
+    return out
+
+
 def render_pr_body(
     info: series.PatchInfo,
     base: Base,
@@ -181,14 +268,7 @@ def render_pr_body(
         issue: the patch's line from ``issue_lines``.
         master: the patch's ``pr-check`` row (``pr_check_rows``), or None.
     """
-    # Commit-message convention of the series: the first paragraph states
-    # the problem, the rest the change; the issue line is `issue`.
-    paragraphs = [
-        p for p in info.message.split("\n\n") if not _FIXES_LINE.match(p)
-    ]
-    problem = paragraphs[0] if paragraphs else info.subject
-    change = "\n\n".join(paragraphs[1:]) or info.subject
-    lines = ["## Description", "", problem, "", change, ""]
+    lines = ["## Description", "", *description_sections(info), ""]
     if issue:
         lines += [issue, ""]
     lines += ["### Tests", ""]
