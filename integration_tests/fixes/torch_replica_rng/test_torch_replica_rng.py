@@ -11,9 +11,9 @@ in every process). So stock draws the same ``Dropout`` mask in every
 process: the replicas drop the same units, as ``MirroredStrategy``'s did
 before the replica-rng fix (keras-team/keras#18426).
 
-The fork folds the process's rank in the data-parallel group into each
-seed drawn from a ``SeedGenerator`` during ``fit``'s training steps, with
-the TensorFlow backend's rule. One process draws as before (guard), and
+The fork hashes each seed drawn from a ``SeedGenerator`` during ``fit``'s
+training steps together with the process's rank in the data-parallel group
+(``numpy.random.SeedSequence``). One process draws as before (guard), and
 runs stay reproducible under ``set_random_seed`` (checked in the workers).
 """
 
