@@ -80,21 +80,12 @@ def _dp_runs(rank, world_size):
     collectives, so that stock's mismatched ones fail then rather than at
     the test's timeout (``keras.distribution.initialize`` keeps a started
     group)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        workers.collective_backend(),
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=30),
-    )
-    distribution = devices.torch_processes(rank, world_size)
-    return {
-        "uneven": _fit(distribution.scope(), Batches(5)),
-        "even": _fit(distribution.scope(), Batches(4)),
-    }
+    with workers.torch_process_group(rank, world_size, timeout=30):
+        distribution = devices.torch_processes(rank, world_size)
+        return {
+            "uneven": _fit(distribution.scope(), Batches(5)),
+            "even": _fit(distribution.scope(), Batches(4)),
+        }
 
 
 def _rows(rank, batches):
