@@ -228,10 +228,10 @@ def description_sections(info: series.PatchInfo) -> list[str]:
     out = [blocks[0]]
     section, fixed = "problem", False
     for prev, block in zip(blocks, blocks[1:]):
-        if prev.rstrip().endswith(":") and not _label_of(block):
+        labelled = _label_of(block)
+        if prev.rstrip().endswith(":") and not labelled:
             out += ["", block]  # announced by the paragraph before it
             continue
-        labelled = _label_of(block)
         if labelled:
             heading, rest = labelled
             section = "repro" if heading.startswith("Repro") else "other"
