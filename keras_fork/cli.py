@@ -11,7 +11,7 @@ Verbs (the ``scripts/`` entry points call these):
   fixes    the fix catalog: bases, issue, upstream status, cells, patches
   timings  where the last scripts/test run's time went (dist/timings.json)
   bench    fork/stock step time, shuffle cost, work per step (bench)
-  bench-matrix  the matrix's wall time, a process per cell vs per group
+  bench-matrix  the matrix's wall time: per cell, no gc.freeze, grouped
   status   each series against its base and the newest keras-nightly
   regressions  upstream's own unit tests, stock vs fork, test by test
   pr-check each PR alone on a Keras git checkout: applies, its tests fail
@@ -49,7 +49,7 @@ VERBS = {
     "bench": ("keras_fork.bench.bench", "fork/stock step time and work"),
     "bench-matrix": (
         "keras_fork.bench.matrix",
-        "matrix time: per cell vs grouped",
+        "matrix time: per cell, no gc.freeze, grouped",
     ),
     "status": ("keras_fork.upstream.status", "each series against upstream"),
     "regressions": (

@@ -133,3 +133,53 @@ def test_bench_matrix_runs_both_ways_to_the_same_verdicts(fake_fixes, tmp_path):
         }
     )
     assert (layout.dist / "bench-matrix" / "per-cell").is_dir()
+
+
+def test_bench_matrix_gc_way_reaches_the_test_processes(fake_fixes, tmp_path):
+    """``grouped, no gc.freeze`` sets the harness's ``PROOF_GC_FREEZE=0``
+    in every test process, and ``grouped`` does not: a probe test that
+    passes only with it is a guard one way and broken the other."""
+    (fake_fixes / "probe").mkdir()
+    (fake_fixes / "probe" / "test_probe.py").write_text(
+        textwrap.dedent("""\
+            import os
+
+            import pytest
+
+            @pytest.mark.fix("probe")
+            def test_probe():
+                assert os.environ.get("PROOF_GC_FREEZE") == "0"
+            """)
+    )
+    layout = dataclasses.replace(
+        pins.Layout.default(tmp_path), fixes=fake_fixes
+    )
+    p = _plan(tmp_path, ["probe"], ["stock", "fork"])
+    args = SimpleNamespace(timeout=TIMEOUT, variant=None)
+    console = Console(quiet=True)
+    gc = matrix.measure(p, "grouped, no gc.freeze", args, layout, console)
+    now = matrix.measure(p, matrix.NOW, args, layout, console)
+    assert gc["processes"] == now["processes"] == 2
+    assert gc["verdicts"] == {"1.0/probe/jax/1": "guard"}
+    assert now["verdicts"] == {"1.0/probe/jax/1": "broken"}
+
+
+def test_collection_freezes_the_heap_unless_told_not_to(monkeypatch):
+    """The proof suite's conftest freezes what is alive after collection
+    (``gc.freeze``: each test's ``gc.collect()`` then skips it), and leaves
+    the heap as it is under ``PROOF_GC_FREEZE=0`` (``bench-matrix``'s old
+    way)."""
+    import gc
+
+    from integration_tests import conftest
+
+    gc.unfreeze()
+    try:
+        monkeypatch.setenv(conftest.GC_FREEZE_ENV, "0")
+        conftest.pytest_collection_finish(None)
+        assert gc.get_freeze_count() == 0
+        monkeypatch.delenv(conftest.GC_FREEZE_ENV)
+        conftest.pytest_collection_finish(None)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

@@ -1,13 +1,19 @@
 """``python -m keras_fork bench-matrix``: the proof matrix's wall time run
-one pytest process per cell (as before issue 21) and one per base, variant,
-backend and topology (as ``prove`` runs it now), one after the other in one
-invocation on the same machine, with the same cells and slots.
+in several ways, one after the other in one invocation on the same machine,
+with the same cells and slots (``WAYS``):
 
-Prints each way's processes, wall time and verdict totals and the ratio,
-writes ``dist/bench-matrix.json`` (atomically), and exits 1 when the two
-ways disagree on a verdict (grouping must not change one). Takes
-``prove``'s filters; the JUnit files of each way go to
-``dist/bench-matrix/<way>/``.
+- ``per cell``: one pytest process per cell, as before issue 21;
+- ``grouped, no gc.freeze``: one per base, variant, backend and
+  topology, the garbage collector walking the whole heap (the backend's
+  included) before and after each test (the harness's
+  ``PROOF_GC_FREEZE=0``), as before 2026-11-26;
+- ``grouped``: as ``prove`` runs it now.
+
+Prints each way's processes, wall time, verdict totals and its ratio to
+``grouped``, writes ``dist/bench-matrix.json`` (atomically), and exits 1
+when a way disagrees with ``grouped`` on a verdict (neither change may
+change one). Takes ``prove``'s filters and ``--way`` (repeatable; default
+every way); the JUnit files of each way go to ``dist/bench-matrix/<way>/``.
 """
 
 from __future__ import annotations
@@ -22,21 +28,37 @@ from keras_fork.proof import runner
 from keras_fork.proof.variants import VARIANTS
 from keras_fork.recipe import pins
 
-WAYS = ("per cell", "grouped")
+# way -> (one process per cell?, variables every process gets). The last
+# is how ``prove`` runs; the ratios are to it.
+WAYS = {
+    "per cell": (True, ()),
+    "grouped, no gc.freeze": (False, (("PROOF_GC_FREEZE", "0"),)),
+    "grouped": (False, ()),
+}
+NOW = "grouped"
 
 
 def add_arguments(p) -> None:
-    """``prove``'s filters (``prove.add_filters``)."""
+    """``prove``'s filters (``prove.add_filters``) and ``--way``."""
     prove.add_filters(p)
+    p.add_argument(
+        "--way", action="append", choices=list(WAYS),
+        help="only this way (repeatable; grouped always runs)",
+    )  # fmt: skip
 
 
 def measure(p: prove.Plan, way: str, args, layout, console) -> dict:
-    """Runs the plan's cells one way (``WAYS``) and returns its record:
-    processes, wall seconds and each cell's verdict."""
+    """Runs the plan's cells one way (a key of ``WAYS``) and returns its
+    record: processes, wall seconds and each cell's verdict.
+
+    Raises:
+        KeyError: an unknown way.
+    """
+    per_cell, env = WAYS[way]
     todo = p.groups
-    if way == "per cell":
+    if per_cell:
         todo = [g.alone(c) for g in p.groups for c in g.cells]
-    q = dataclasses.replace(p, groups=todo)
+    q = dataclasses.replace(p, groups=todo, extra_env=p.extra_env + env)
     variants = args.variant or list(VARIANTS)
     rows = {c.key: prove.new_row(c, p.accelerator, {}, p, variants)
             for c in p.cells}  # fmt: skip
@@ -57,10 +79,10 @@ def measure(p: prove.Plan, way: str, args, layout, console) -> dict:
 
 
 def main(args, layout: pins.Layout) -> int:
-    """Measures both ways (see the module doc).
+    """Measures the chosen ways (see the module doc).
 
     Returns:
-        0 when both ways give the same verdicts, else 1.
+        0 when every way gives ``grouped``'s verdicts, else 1.
     """
     from rich.console import Console
     from rich.table import Table
@@ -68,23 +90,27 @@ def main(args, layout: pins.Layout) -> int:
     console = Console(stderr=True, highlight=False)
     previous = runner.load_previous(layout.dist / "proof.json")
     p = prove.plan(args, layout, previous)
-    records = [measure(p, way, args, layout, console) for way in WAYS]
-    old, new = records
-    ratio = round(old["wall"] / new["wall"], 2) if new["wall"] else None
-    doc = {"cells": len(p.cells), "jobs": p.jobs, "ratio": ratio,
-           "ways": records}  # fmt: skip
+    chosen = set(getattr(args, "way", None) or WAYS) | {NOW}
+    records = [
+        measure(p, way, args, layout, console) for way in WAYS if way in chosen
+    ]
+    now = records[-1]
+    for r in records:
+        r["ratio"] = round(r["wall"] / now["wall"], 2) if now["wall"] else None
+    doc = {"cells": len(p.cells), "jobs": p.jobs, "ways": records}
     write_atomic(layout.dist / "bench-matrix.json", json.dumps(doc, indent=2))
     t = Table(title=f"proof matrix, {len(p.cells)} cells, {p.jobs} slots")
-    for col in ("way", "processes", "wall s", "verdicts"):
+    for col in ("way", "processes", "wall s", f"/ {NOW}", "verdicts"):
         t.add_column(col)
     for r in records:
         t.add_row(r["way"], str(r["processes"]), f"{r['wall']:.0f}",
-                  r["totals"])  # fmt: skip
+                  str(r["ratio"]), r["totals"])  # fmt: skip
     Console(highlight=False).print(t)
-    print(f"per cell / grouped wall time: {ratio}")
-    same = old["verdicts"] == new["verdicts"]
-    if not same:
-        for key, verdict in old["verdicts"].items():
-            if new["verdicts"].get(key) != verdict:
-                print(f"differs: {key}: {verdict} vs {new['verdicts'][key]}")
-    return 0 if same else 1
+    differs = [
+        f"differs: {key}: {r['way']}: {verdict}, {NOW}: {now['verdicts'][key]}"
+        for r in records[:-1]
+        for key, verdict in r["verdicts"].items()
+        if now["verdicts"].get(key) != verdict
+    ]
+    print("\n".join(differs) or "every way gives the same verdicts")
+    return 1 if differs else 0

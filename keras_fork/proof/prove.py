@@ -63,6 +63,9 @@ class Plan:
     units: dict
     groups: list
     jobs: int
+    # Variables every run's processes get besides the compile cache's
+    # (``bench-matrix`` sets the harness's ``PROOF_GC_FREEZE`` with it).
+    extra_env: tuple[tuple[str, str], ...] = ()
 
 
 def plan(args, layout: pins.Layout, previous: dict) -> Plan:
@@ -143,7 +146,7 @@ def _where(p: Plan, group, layout) -> runner.Where:
     return runner.Where(
         p.installed[group.base][group.variant], version,
         p.overlays[group.base], layout.fixes, p.accelerator,
-        tuple(variants_lib.compile_cache_env(layout).items()),
+        tuple(variants_lib.compile_cache_env(layout).items()) + p.extra_env,
     )  # fmt: skip
 
 
