@@ -15,11 +15,11 @@ with whichever keras is importable.
 from __future__ import annotations
 
 import gc
-import os
 
 import pytest
 
 from integration_tests.harness import devices
+from integration_tests.harness import plugin
 from integration_tests.harness import selection
 from integration_tests.harness.plugin import pytest_configure  # noqa: F401
 
@@ -34,44 +34,21 @@ def topology():
     return devices.current()
 
 
-# ``PROOF_GC_FREEZE=0``: no ``gc.freeze``, as before 2026-11-26; only
-# ``bench-matrix`` sets it, to measure what that cost.
-GC_FREEZE_ENV = "PROOF_GC_FREEZE"
-
-
-def _freeze() -> None:
-    """Moves every object alive now into the garbage collector's permanent
-    generation, which ``gc.collect()`` no longer walks (``gc.freeze``,
-    https://docs.python.org/3/library/gc.html#gc.freeze), unless
-    ``PROOF_GC_FREEZE=0``.
-
-    ``clear_session`` runs ``gc.collect()`` before and after every test.
-    Unfrozen, each collection walks the whole heap, the backend's modules
-    and what earlier tests left in caches included (180,000 to 410,000
-    objects): 0.1 to 0.5 s, about 1 s a test on TensorFlow. Frozen after
-    collection and after each test's last collection, it walks only what
-    the running test made: a few ms. Frozen objects were all reachable
-    then; one that becomes garbage later stays in memory (a TensorFlow
-    ``mirrored-2`` run peaked at 1.2 GB either way).
-    """
-    if os.environ.get(GC_FREEZE_ENV, "1") != "0":
-        gc.freeze()
-
-
 def pytest_collection_finish(session):
-    """Freezes what collection imported (``_freeze``), after collecting."""
+    """Freezes what collection imported (``plugin.freeze_heap``), after
+    collecting."""
     gc.collect()
-    _freeze()
+    plugin.freeze_heap()
 
 
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
     """Keras's global state (layer names, seeds, TensorFlow's default graph,
     torch's dynamo caches) reset and garbage collected before and after
-    each test; what survives is frozen (``_freeze``)."""
+    each test; what survives is frozen (``plugin.freeze_heap``)."""
     import keras
 
     keras.backend.clear_session()
     yield
     keras.backend.clear_session()
-    _freeze()
+    plugin.freeze_heap()

@@ -172,13 +172,14 @@ def test_collection_freezes_the_heap_unless_told_not_to(monkeypatch):
     import gc
 
     from integration_tests import conftest
+    from integration_tests.harness import plugin
 
     gc.unfreeze()
     try:
-        monkeypatch.setenv(conftest.GC_FREEZE_ENV, "0")
+        monkeypatch.setenv(plugin.GC_FREEZE_ENV, "0")
         conftest.pytest_collection_finish(None)
         assert gc.get_freeze_count() == 0
-        monkeypatch.delenv(conftest.GC_FREEZE_ENV)
+        monkeypatch.delenv(plugin.GC_FREEZE_ENV)
         conftest.pytest_collection_finish(None)
         assert gc.get_freeze_count() > 0
     finally:

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import time
 
+from integration_tests.harness import plugin
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import prove
 from keras_fork.proof import runner
@@ -32,7 +33,7 @@ from keras_fork.recipe import pins
 # is how ``prove`` runs; the ratios are to it.
 WAYS = {
     "per cell": (True, ()),
-    "grouped, no gc.freeze": (False, (("PROOF_GC_FREEZE", "0"),)),
+    "grouped, no gc.freeze": (False, ((plugin.GC_FREEZE_ENV, "0"),)),
     "grouped": (False, ()),
 }
 NOW = "grouped"
