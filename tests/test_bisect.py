@@ -1,7 +1,14 @@
-"""The bisection's choice of backends and test files (no build, no network)."""
+"""The bisection's choice of backends and test files, and its one pool of
+builds and runs (no build, no network)."""
+
+import argparse
+import io
+import types
 
 import pytest
+from rich.console import Console
 
+from keras_fork.errors import ForkError
 from keras_fork.proof import bisect
 
 
@@ -58,3 +65,55 @@ def test_prefix_runs_select_the_tests_the_patch_adds(tmp_path):
     assert bisect.added_test_selection(patch, files) == (
         "test_empty_batch or test_empty_batch_sum or layer_test"
     )
+
+
+def _fake_bases(monkeypatch, runs_of, outcome):
+    """Two fake bases whose prefixes 'build' at once; ``runs_of(version, k)``
+    gives a prefix's runs, ``outcome(run)`` a run's ``(passed, last)``."""
+    bases = [types.SimpleNamespace(version=v) for v in ("1.0", "2.0")]
+    lengths = {"1.0": 3, "2.0": 2}
+    monkeypatch.setattr(
+        bisect.series, "read_series", lambda _, b: [0] * lengths[b.version]
+    )
+
+    def prepare(layout, base, k, backends, folder, whole):
+        if runs_of(base.version, k) == "broken":
+            raise ForkError(f"{base.version} prefix {k} does not apply")
+        return [
+            bisect.PrefixRun(k, label, (), {}, folder)
+            for label in runs_of(base.version, k)
+        ]
+
+    monkeypatch.setattr(bisect, "prepare_prefix", prepare)
+    monkeypatch.setattr(bisect, "run_prefix_tests", outcome)
+    return bases
+
+
+def _bisect(bases, jobs=2):
+    out = io.StringIO()
+    args = argparse.Namespace(backend=None, jobs=jobs, whole_files=False)
+    bad = bisect.bisect_bases(None, bases, args, Console(file=out))
+    return bad, out.getvalue()
+
+
+def test_every_prefix_of_every_base_runs_in_one_pool(monkeypatch):
+    runs = {("1.0", 1): ["jax"], ("1.0", 2): ["jax", "torch"], ("2.0", 1): []}
+    bases = _fake_bases(
+        monkeypatch,
+        lambda v, k: runs[v, k],
+        lambda r: (r.label != "torch", f"{r.label} done"),
+    )
+    bad, out = _bisect(bases)
+    assert bad == ["1.0 prefix 2/3 (torch): torch done"]
+    assert "keras 1.0: 2 prefixes built, 3 test runs" in out
+    assert "keras 2.0: 1 prefixes built, 0 test runs" in out
+
+
+def test_a_prefix_that_does_not_build_stops_the_bisection(monkeypatch):
+    bases = _fake_bases(
+        monkeypatch,
+        lambda v, k: "broken" if (v, k) == ("2.0", 1) else [],
+        lambda r: (True, ""),
+    )
+    with pytest.raises(ForkError, match="2.0 prefix 1 does not apply"):
+        _bisect(bases, jobs=1)

@@ -2,9 +2,9 @@
 
 Kernel rule: one logical change per patch, and the tree builds and passes
 after every patch. For each prefix ``patches[:k]`` of a base's series this
-materializes the tree, builds the wheel, installs it into a scratch folder
-and runs, from the Keras test files that the prefix's newest patch (patch
-``k``) touches, the tests patch ``k`` adds, on every backend that runs the
+materializes the tree, builds the wheel and, where patch ``k`` has tests,
+installs it into a scratch folder and runs, from the Keras test files that
+patch ``k`` touches, the tests it adds, on every backend that runs the
 file: each patch is tested where it lands, with all the patches before it.
 ``--whole-files`` runs every test of those files instead (about 13 minutes
 on 2 cores for the 3.15.1 series: trainer_test.py at prefix 2 is most of
@@ -23,8 +23,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import as_completed
+from concurrent.futures import wait
 from pathlib import Path
 
 from keras_fork.errors import ForkError
@@ -134,7 +135,8 @@ def added_test_selection(patch: Path, test_files: list[str]) -> str:
 def prepare_prefix(
     layout, base, k, backends, tmp: Path, whole_files: bool = False
 ) -> list[PrefixRun]:
-    """Materializes, builds and installs ``patches[:k]`` under ``tmp``.
+    """Materializes and builds ``patches[:k]`` under ``tmp``; installs the
+    wheel there when patch k has tests to run.
 
     Args:
         whole_files: run every test of patch k's test files; by default
@@ -145,13 +147,15 @@ def prepare_prefix(
     Returns:
         The pytest runs of patch k's test files (one per backend that runs
         them, plus the jax ``multi_device`` pass on 8 devices); none when
-        the patch touches no test file.
+        the patch touches no test file (then nothing is installed: the
+        prefix only has to build).
 
     Raises:
         ForkError: the prefix does not apply or does not build.
     """
     patches = series.read_series(layout, base)[:k]
-    tree, target = _install_prefix(layout, base, patches, tmp)
+    tree, whl = _build_prefix(layout, base, patches, tmp)
+    target = tmp / "site"
     runs = []
     # A keras-nightly tree has only the test files the series creates; its
     # prefixes still build (the test hunks run on a Keras checkout).
@@ -182,13 +186,23 @@ def prepare_prefix(
                    "no:cacheprovider", "--rootdir", str(work), *select,
                    str(work))  # fmt: skip
             runs.append(PrefixRun(k, label, cmd, env, work))
+    if runs:
+        _install(whl, target)
     return runs
 
 
-def _install_prefix(layout, base, patches, tmp: Path):
+def _install(whl: Path, target: Path) -> None:
+    """``pip install --no-deps --target`` of a prefix's wheel."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+         "--disable-pip-version-check", "--target", str(target), str(whl)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+
+def _build_prefix(layout, base, patches, tmp: Path):
     """Materializes ``patches`` (a prefix of ``base``'s series) in a scratch
-    layout under ``tmp``, builds its wheel and installs it into
-    ``tmp/site``; returns ``(tree, site)``."""
+    layout under ``tmp`` and builds its wheel; returns ``(tree, wheel)``."""
     tmp.mkdir(parents=True)
     scratch = dataclasses.replace(
         layout, patches=tmp / "patches", build=tmp / "build", dist=tmp / "dist"
@@ -201,14 +215,7 @@ def _install_prefix(layout, base, patches, tmp: Path):
         "".join(p.name + "\n" for p in patches)
     )
     tree = series.materialize(scratch, base)
-    whl = wheel.build(scratch, base, tree)
-    target = tmp / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-         "--disable-pip-version-check", "--target", str(target), str(whl)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return tree, target
+    return tree, wheel.build(scratch, base, tree)
 
 
 def _passes(backend: str, tree: Path, files: list[str]) -> list[tuple]:
@@ -234,10 +241,6 @@ def _passes(backend: str, tree: Path, files: list[str]) -> list[tuple]:
             )
         )
     return passes
-
-
-def _test_bytes(work: Path) -> int:
-    return sum(f.stat().st_size for f in work.glob("*_test.py"))
 
 
 def run_prefix_tests(run: PrefixRun, timeout=PREFIX_TIMEOUT):
@@ -307,61 +310,68 @@ def main(args, layout: pins.Layout) -> int:
     if args.jobs < 1:
         raise ForkError("--jobs must be at least 1")
     console = Console(stderr=True, highlight=False)
-    bad = []
-    for base in pins.select_bases(layout, args.base):
-        bad += bisect_base(layout, base, args, console)
+    bases = pins.select_bases(layout, args.base)
+    bad = bisect_bases(layout, bases, args, console)
     for line in bad:
         print(f"not bisectable: {line}")
     print(f"bisect: {'failed' if bad else 'every prefix builds and passes'}")
     return 1 if bad else 0
 
 
-def bisect_base(layout, base, args, console) -> list[str]:
-    """Builds every shorter prefix of ``base``'s series and runs its tests.
+def bisect_bases(layout, bases, args, console) -> list[str]:
+    """Builds every shorter prefix of each base's series and runs its tests.
 
     The whole series (k = n) is the fork the proof matrix's unit cells
-    already test; here every shorter prefix. Each prefix builds in its own
-    scratch folder; then their pytest runs (one per backend) go ``--jobs``
-    at a time, reported as they finish.
+    already test; here every shorter prefix. One pool of ``--jobs`` threads
+    does all the work of all the bases: each prefix builds in its own
+    scratch folder, and its pytest runs (one per backend) join the queue as
+    soon as it has built, so that no core waits for the last build of a
+    base, or for its longest run, before the next base starts.
 
     Returns:
         ``"<base> prefix k/n (<backend>): <last line>"`` of each failed run.
+
+    Raises:
+        ForkError: a prefix does not apply or does not build.
     """
-    n = len(series.read_series(layout, base))
     backends = args.backend or BACKENDS
-    bad = []
+    bad, built, ran = [], {}, {}
     with (
         tempfile.TemporaryDirectory(prefix="bisect.") as tmp,
         ThreadPoolExecutor(args.jobs) as pool,
     ):
-        prepared = [
-            pool.submit(
-                prepare_prefix, layout, base, k, backends,
-                Path(tmp) / f"prefix-{k}", args.whole_files,
-            )
-            for k in range(1, n)
-        ]  # fmt: skip
-        runs = {}
+        jobs = {}
+        for base in bases:
+            n = len(series.read_series(layout, base))
+            built[base.version], ran[base.version] = n - 1, 0
+            for k in range(1, n):
+                folder = Path(tmp) / base.version / f"prefix-{k}"
+                job = pool.submit(prepare_prefix, layout, base, k, backends,
+                                  folder, args.whole_files)  # fmt: skip
+                jobs[job] = (base, n, None)
         try:
-            todo = [r for f in prepared for r in f.result()]
-            # Longest first (by the size of the test files): the last run
-            # to start should be a short one.
-            todo.sort(key=lambda r: -_test_bytes(r.cwd))
-            for run in todo:
-                runs[pool.submit(run_prefix_tests, run)] = run
-            for future in as_completed(runs):
-                run = runs[future]
-                passed, last = future.result()
-                line = f"{base.version} prefix {run.k}/{n} "
-                line += f"({run.label}): {last}"
-                console.print(f"  {line}")
-                if not passed:
-                    bad.append(line)
+            while jobs:
+                done, _ = wait(jobs, return_when=FIRST_COMPLETED)
+                for job in done:
+                    base, n, run = jobs.pop(job)
+                    if run is None:  # a prefix built: queue its runs
+                        for r in job.result():
+                            jobs[pool.submit(run_prefix_tests, r)] = (
+                                base, n, r)  # fmt: skip
+                        continue
+                    ran[base.version] += 1
+                    passed, last = job.result()
+                    line = f"{base.version} prefix {run.k}/{n} "
+                    line += f"({run.label}): {last}"
+                    console.print(f"  {line}")
+                    if not passed:
+                        bad.append(line)
         except BaseException:
-            for f in [*prepared, *runs]:
-                f.cancel()  # what has not started yet
+            for job in jobs:
+                job.cancel()  # what has not started yet
             raise
-    console.print(
-        f"keras {base.version}: {n - 1} prefixes built, {len(runs)} test runs"
-    )
+    for version, n in built.items():
+        console.print(
+            f"keras {version}: {n} prefixes built, {ran[version]} test runs"
+        )
     return bad
