@@ -54,10 +54,3 @@ def register_atexit(rank, world_size):
     path = os.environ["PID_DIR"] + f"/atexit-{rank}"
     atexit.register(lambda: open(path, "w").close())
     return os.getppid()
-
-
-def frozen_objects(rank, world_size):
-    """How many objects the worker's garbage collector skips (gc.freeze)."""
-    import gc
-
-    return gc.get_freeze_count()

@@ -162,31 +162,3 @@ def test_a_torch_worker_on_gpus_is_spawned(monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     monkeypatch.setattr(workers, "_SERVER_ENV", None)
     assert workers._fork_server_for(jax) is not None
-
-
-@pytest.mark.parametrize("freeze", ["1", "0"])
-def test_forked_workers_inherit_a_frozen_heap_unless_told_not_to(freeze):
-    """The fork server freezes its heap once it has imported keras and the
-    harness (``forkserver_preload``), so a worker's collections neither
-    walk nor copy-on-write it; ``PROOF_GC_FREEZE=0`` (``bench-matrix``'s old
-    way) leaves it unfrozen. A fresh interpreter: the fork server starts
-    once per process, with the environment of its first use."""
-    import subprocess
-
-    code = (
-        "import json; from integration_tests.harness import workers; "
-        "print(json.dumps(workers.run_workers("
-        "'tests.mp_targets:frozen_objects', 1, 60)))"
-    )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PROOF_GC_FREEZE=freeze, PYTHONPATH=root)
-    env.pop("PROOF_WORKER_START", None)
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, timeout=120,
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    (frozen,) = json.loads(out.splitlines()[-1])
-    if freeze == "1":
-        assert frozen > 1000
-    else:
-        assert frozen == 0

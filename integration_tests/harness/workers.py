@@ -209,10 +209,7 @@ def _fork_server_for(env: dict):
         _SERVER_ENV = key
         # The server starts with this process's environment, at first use.
         ctx = multiprocessing.get_context("forkserver")
-        # forkserver_preload, last, freezes the server's heap (gc.freeze).
-        ctx.set_forkserver_preload(
-            ["keras", __name__, f"{__package__}.forkserver_preload"]
-        )
+        ctx.set_forkserver_preload(["keras", __name__])
     if key != _SERVER_ENV or any(env.get(k) != key[k] for k in _PRELOADED):
         return None
     return multiprocessing.get_context("forkserver")

@@ -5,8 +5,7 @@ with the same cells and slots (``WAYS``):
 - ``per cell``: one pytest process per cell, as before issue 21;
 - ``grouped, no gc.freeze``: one per base, variant, backend and
   topology, the garbage collector walking the whole heap (the backend's
-  included) before and after each test, and in each multi-process
-  worker the heap it inherits from the fork server (the harness's
+  included) before and after each test (the harness's
   ``PROOF_GC_FREEZE=0``), as before 2026-11-26;
 - ``grouped``: as ``prove`` runs it now.
 
