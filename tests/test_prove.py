@@ -298,6 +298,26 @@ def test_multi_process_topologies_refuse_a_scope_in_the_test_process():
     assert not devices.Topology("tensorflow", "mirrored-2", 2).multi_process
 
 
+def test_only_the_one_device_topology_skips_its_one_device_comparisons():
+    # On `1` scope() is the one-device reference itself: a comparison of
+    # the two cannot fail, so such tests skip there (hard rule 2). Every
+    # other topology trains on several replicas and compares for real.
+    for backend in ("jax", "tensorflow", "torch"):
+        one = devices.Topology(backend, "1", 1)
+        assert one.one_device
+        with pytest.raises(pytest.skip.Exception, match="cannot fail"):
+            devices.skip_comparison_on_one_device(one)
+    several = [
+        devices.Topology("jax", "8", 8),
+        devices.Topology("tensorflow", "mirrored-2", 2, strategy=object()),
+        # A one-replica strategy is still a strategy (its own code path).
+        devices.Topology("tensorflow", "mirrored-2", 1, strategy=object()),
+    ] + [devices.Topology(b, n, 2) for b, n in topologies.MULTI_PROCESS]
+    for topology in several:
+        assert not topology.one_device, topology
+        devices.skip_comparison_on_one_device(topology)  # no skip
+
+
 def test_a_multi_process_run_holds_every_slot():
     slots = runner.Slots(2)
     with slots.hold(1):

@@ -41,6 +41,17 @@ class Topology:
         the test process itself has one device and starts the workers."""
         return (self.backend, self.name) in MULTI_PROCESS
 
+    @property
+    def one_device(self) -> bool:
+        """Whether ``scope()`` trains on this process's one device with no
+        strategy and no distribution: what the tests call the one-device
+        reference."""
+        return (
+            not self.multi_process
+            and self.strategy is None
+            and self.num_replicas == 1
+        )
+
     def scope(self):
         """Context under which a test creates, compiles and fits models.
 
@@ -59,6 +70,32 @@ class Topology:
         if self.backend == "jax" and self.num_replicas > 1:
             return _jax_data_parallel()
         return contextlib.nullcontext()
+
+
+ONE_DEVICE_REFERENCE = (
+    "one device: training under the topology is the one-device reference "
+    "itself, so comparing the two cannot fail"
+)
+
+
+def skip_comparison_on_one_device(topology: Topology) -> None:
+    """Skips a test that compares training under ``topology.scope()`` with
+    the one-device reference, where the topology is that one device.
+
+    Both runs are then the same computation in the same process: the
+    comparison passes on any keras, stock or fork, right or wrong, so it
+    proves and guards nothing (a test that cannot fail is a defect: the
+    developers' guide, hard rule 2). A fix whose tests on a one-device
+    topology are all such comparisons says so in its cells
+    (``n/a: @one-device-reference``, ``fixes/reasons.toml``).
+
+    Raises:
+        pytest.skip.Exception: ``topology.one_device``.
+    """
+    if topology.one_device:
+        import pytest
+
+        pytest.skip(ONE_DEVICE_REFERENCE)
 
 
 @contextlib.contextmanager

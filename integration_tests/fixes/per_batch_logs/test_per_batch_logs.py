@@ -154,6 +154,7 @@ def _skip_unsupported(topology, num_samples):
         pytest.skip(f"{topology.name} runs the worker test")
     if topology.backend == "torch" and topology.num_replicas > 1:
         pytest.skip("torch has no multi-device Model.fit")
+    devices.skip_comparison_on_one_device(topology)
     if num_samples % GLOBAL_BATCH % topology.num_replicas and (
         topology.backend == "jax"
     ):

@@ -143,6 +143,7 @@ def _single_process(topology):
         pytest.skip("single-process test; multiworker-2 runs the worker test")
     if topology.name == "ddp-2":
         pytest.skip("torch has no multi-device Model.fit")
+    devices.skip_comparison_on_one_device(topology)
 
 
 def _skip_unshardable_jax(topology, num_samples):
