@@ -335,7 +335,9 @@ def bisect_bases(layout, bases, args, console) -> list[str]:
         ForkError: a prefix does not apply or does not build.
     """
     backends = args.backend or BACKENDS
-    bad, built, ran = [], {}, {}
+    # Per base version: its series' length n (prefixes 1..n-1 are built)
+    # and how many of its test runs have finished.
+    bad, lengths, ran = [], {}, {}
     with (
         tempfile.TemporaryDirectory(prefix="bisect.") as tmp,
         ThreadPoolExecutor(args.jobs) as pool,
@@ -343,24 +345,24 @@ def bisect_bases(layout, bases, args, console) -> list[str]:
         jobs = {}
         for base in bases:
             n = len(series.read_series(layout, base))
-            built[base.version], ran[base.version] = n - 1, 0
+            lengths[base.version], ran[base.version] = n, 0
             for k in range(1, n):
                 folder = Path(tmp) / base.version / f"prefix-{k}"
                 job = pool.submit(prepare_prefix, layout, base, k, backends,
                                   folder, args.whole_files)  # fmt: skip
-                jobs[job] = (base, n, None)
+                jobs[job] = (base, None)
         try:
             while jobs:
                 done, _ = wait(jobs, return_when=FIRST_COMPLETED)
                 for job in done:
-                    base, n, run = jobs.pop(job)
+                    base, run = jobs.pop(job)
                     if run is None:  # a prefix built: queue its runs
                         for r in job.result():
-                            jobs[pool.submit(run_prefix_tests, r)] = (
-                                base, n, r)  # fmt: skip
+                            jobs[pool.submit(run_prefix_tests, r)] = (base, r)
                         continue
                     ran[base.version] += 1
                     passed, last = job.result()
+                    n = lengths[base.version]
                     line = f"{base.version} prefix {run.k}/{n} "
                     line += f"({run.label}): {last}"
                     console.print(f"  {line}")
@@ -370,8 +372,8 @@ def bisect_bases(layout, bases, args, console) -> list[str]:
             for job in jobs:
                 job.cancel()  # what has not started yet
             raise
-    for version, n in built.items():
+    for version, n in lengths.items():
         console.print(
-            f"keras {version}: {n} prefixes built, {ran[version]} test runs"
+            f"keras {version}: {n - 1} prefixes built, {ran[version]} test runs"
         )
     return bad
