@@ -176,6 +176,92 @@ def test_child_env_matches_what_bisect_and_bench_built_before(
     assert variants.child_env(target, None, topo) == before
 
 
+class _FakeInstall:
+    """Stands in for pip in ``variants._install_into``: counts installs,
+    and the first one waits for ``release`` before it writes the folder."""
+
+    def __init__(self):
+        self.calls = 0
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, dest, sources, digest, what):
+        self.calls += 1
+        self.entered.set()
+        assert self.release.wait(timeout=30)
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / ".source-sha256").write_text(digest)
+
+
+def _in_thread(fn, *args, **kwargs):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # reported by the test's assertions
+            box["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_concurrent_variant_installs_take_turns(tmp_path, monkeypatch):
+    """Two xdist workers of the release checks installed the same variant
+    at once on a clean checkout: the second deleted the folder the first
+    one's benchmark child was importing keras from (stop 35's CI failure).
+    A second install that starts while the first runs waits for it, then
+    finds the stamp and installs nothing."""
+    fake = _FakeInstall()
+    monkeypatch.setattr(variants, "_install_into", fake)
+    waiting = threading.Event()
+
+    class SignallingLock(variants.filelock.FileLock):
+        def acquire(self, *args, **kwargs):
+            waiting.set()
+            return super().acquire(*args, **kwargs)
+
+    dest = tmp_path / "3.15.1" / "fork"
+    first, first_box = _in_thread(
+        variants.pip_install_target, dest, ["k.whl"], "d1", "fork keras"
+    )
+    assert fake.entered.wait(timeout=30)
+    monkeypatch.setattr(variants.filelock, "FileLock", SignallingLock)
+    second, second_box = _in_thread(
+        variants.pip_install_target, dest, ["k.whl"], "d1", "fork keras"
+    )
+    assert waiting.wait(timeout=30)  # the second is at the lock
+    fake.release.set()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    assert not first.is_alive() and not second.is_alive()
+    assert first_box == {"value": dest} and second_box == {"value": dest}
+    assert fake.calls == 1
+
+
+def test_variant_install_lock_wait_is_bounded(tmp_path, monkeypatch):
+    fake = _FakeInstall()
+    monkeypatch.setattr(variants, "_install_into", fake)
+    dest = tmp_path / "3.15.1" / "stock"
+    first, first_box = _in_thread(
+        variants.pip_install_target, dest, ["k.tar.gz"], "d1", "stock keras"
+    )
+    assert fake.entered.wait(timeout=30)
+    try:
+        with pytest.raises(ForkError, match="another process held .* 0 s"):
+            variants.pip_install_target(
+                dest, ["k.tar.gz"], "d1", "stock keras", lock_timeout=0.1
+            )
+    finally:
+        fake.release.set()
+        first.join(timeout=30)
+    assert first_box == {"value": dest} and fake.calls == 1
+    # Once installed, the stamp answers without the lock or pip.
+    assert variants.pip_install_target(dest, [], "d1", "stock keras") == dest
+    assert fake.calls == 1
+
+
 def test_unit_cells_share_one_run_per_backend_and_variant(
     tmp_path, monkeypatch
 ):

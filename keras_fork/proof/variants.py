@@ -16,12 +16,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+import filelock
+
 from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
 
 VARIANTS = ("stock", "fork")
+# Seconds a process waits for another's install of the same variant folder:
+# one pip install of a keras sdist or wheel takes well under a minute here.
+INSTALL_LOCK_TIMEOUT_S = 600.0
 
 
 def detect_accelerator() -> str:
@@ -158,15 +163,81 @@ def install_overlay(layout: pins.Layout, base: pins.Base) -> Path | None:
     )
 
 
-def pip_install_target(dest: Path, sources: list[str], digest: str, what: str):
+def pip_install_target(
+    dest: Path,
+    sources: list[str],
+    digest: str,
+    what: str,
+    lock_timeout: float = INSTALL_LOCK_TIMEOUT_S,
+) -> Path:
     """``pip install --no-deps --target dest`` unless already there.
 
     A stamp file holds ``digest`` (of what was installed); the install goes
     to a temporary sibling that replaces ``dest`` only when complete.
+
+    Processes that install the same ``dest`` at once (the two ``-n 2``
+    workers of the release checks on a clean checkout) take turns on a lock
+    file beside it, and each reads the stamp again once it holds the lock.
+    Without the lock the second install would delete the first one's folder
+    while a child process of the first was importing keras from it.
+
+    Args:
+        dest: the ``--target`` folder.
+        sources: what to install (paths or requirement strings).
+        digest: sha256 (hex) of the sources, stored in the stamp.
+        what: the words that name the install in an error.
+        lock_timeout: seconds to wait for another process's install of the
+            same ``dest``.
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        ForkError: pip failed, or another process held the lock for longer
+            than ``lock_timeout`` seconds.
     """
     stamp = dest / ".source-sha256"
-    if stamp.is_file() and stamp.read_text() == digest:
+    if _stamp_matches(stamp, digest):
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(dest.parent / f".{dest.name}.lock")
+    try:
+        lock.acquire(timeout=lock_timeout)
+    except filelock.Timeout:
+        raise ForkError(
+            f"installing {what}: another process held {lock.lock_file} for "
+            f"more than {lock_timeout:.0f} s"
+        ) from None
+    try:
+        if _stamp_matches(stamp, digest):
+            return dest
+        _install_into(dest, sources, digest, what)
+    finally:
+        lock.release()
+    return dest
+
+
+def _stamp_matches(stamp: Path, digest: str) -> bool:
+    return stamp.is_file() and stamp.read_text() == digest
+
+
+def _install_into(dest: Path, sources: list[str], digest: str, what: str):
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+             "--no-build-isolation", "--disable-pip-version-check",
+             "--target", str(tmp), *sources],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise ForkError(f"installing {what} failed:\n{proc.stderr[-2000:]}")
+        (tmp / ".source-sha256").write_text(digest)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
     try:
