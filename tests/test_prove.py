@@ -262,6 +262,29 @@ def test_variant_install_lock_wait_is_bounded(tmp_path, monkeypatch):
     assert fake.calls == 1
 
 
+def test_variant_install_runs_pip_once_into_a_fresh_folder(
+    tmp_path, monkeypatch
+):
+    calls = []
+
+    def fake_pip(argv, **kwargs):
+        calls.append(argv)
+        target = Path(argv[argv.index("--target") + 1])
+        (target / "keras").mkdir()
+        return SimpleNamespace(returncode=0, stderr="")
+
+    monkeypatch.setattr(variants.subprocess, "run", fake_pip)
+    dest = tmp_path / "3.15.1" / "fork"
+    (dest / "stale").mkdir(parents=True)  # an older install, replaced
+    assert variants.pip_install_target(dest, ["k.whl"], "d2", "fork") == dest
+    assert len(calls) == 1 and calls[0][-1] == "k.whl"
+    assert sorted(p.name for p in dest.iterdir()) == [".source-sha256", "keras"]
+    assert (dest / ".source-sha256").read_text() == "d2"
+    # Only dest and its lock file are left beside it: no temporary folder.
+    left = sorted(p.name for p in dest.parent.iterdir())
+    assert left == [".fork.lock", "fork"]
+
+
 def test_unit_cells_share_one_run_per_backend_and_variant(
     tmp_path, monkeypatch
 ):
