@@ -200,20 +200,16 @@ def pip_install_target(
     if _stamp_matches(stamp, digest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(dest.parent / f".{dest.name}.lock")
+    lock = dest.parent / f".{dest.name}.lock"
     try:
-        lock.acquire(timeout=lock_timeout)
-    except filelock.Timeout:
+        with filelock.FileLock(lock, timeout=lock_timeout):
+            if not _stamp_matches(stamp, digest):
+                _install_into(dest, sources, digest, what)
+    except filelock.Timeout:  # raised only while acquiring the lock
         raise ForkError(
-            f"installing {what}: another process held {lock.lock_file} for "
+            f"installing {what}: another process held {lock} for "
             f"more than {lock_timeout:.0f} s"
         ) from None
-    try:
-        if _stamp_matches(stamp, digest):
-            return dest
-        _install_into(dest, sources, digest, what)
-    finally:
-        lock.release()
     return dest
 
 
