@@ -20,9 +20,11 @@ Verbs (the ``scripts/`` entry points call these):
 
 A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``
 (or, for a module of several verbs, ``<verb>_arguments`` and ``<verb>``);
-``main`` returns the exit status. Bad input raises ``ForkError``: the message
-is printed without a traceback and the exit status is 2 (as for a usage
-error); outputs are written whole or not at all (``keras_fork.outputs``).
+``main`` returns the exit status. Only the chosen verb's module is imported,
+so each verb needs only what its own environment installs (``build`` and
+``--help``: ``requirements/build.txt``). Bad input raises ``ForkError``: the
+message is printed without a traceback and the exit status is 2 (as for a
+usage error); outputs are written whole or not at all (``keras_fork.outputs``).
 """
 
 from __future__ import annotations
@@ -72,8 +74,21 @@ def _handlers(verb: str, module_name: str):
     return module.add_arguments, module.main
 
 
-def parser() -> argparse.ArgumentParser:
-    """The whole command line: one subparser a verb."""
+def chosen_verb(argv: list[str]) -> str | None:
+    """The verb named in ``argv``: its first word that is a verb, or None
+    (``--help`` alone, a usage error)."""
+    return next((word for word in argv if word in VERBS), None)
+
+
+def parser(verbs=None) -> argparse.ArgumentParser:
+    """The command line: one subparser a verb.
+
+    Args:
+        verbs: the verbs whose modules are imported to add their options
+            (default: every verb). The others are listed with their help
+            line only, so that ``python -m keras_fork build`` imports the
+            recipe alone and runs with ``requirements/build.txt`` alone.
+    """
     p = argparse.ArgumentParser(
         prog="python -m keras_fork",
         description="Keras fork: recipe, proof, benchmarks, upstream status.",
@@ -84,9 +99,10 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True, metavar="<verb>")
     for verb, (module, help_text) in VERBS.items():
         vp = sub.add_parser(verb, help=help_text, description=help_text)
-        add_arguments, run = _handlers(verb, module)
-        add_arguments(vp)
-        vp.set_defaults(func=run)
+        if verbs is None or verb in verbs:
+            add_arguments, run = _handlers(verb, module)
+            add_arguments(vp)
+            vp.set_defaults(func=run)
     return p
 
 
@@ -97,7 +113,8 @@ def main(argv=None) -> int:
         The verb's exit status; 2 for bad input (``ForkError``, or a usage
         error from argparse, which exits itself).
     """
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser({chosen_verb(argv)}).parse_args(argv)
     layout = pins.Layout.default(args.root)
     try:
         return args.func(args, layout)

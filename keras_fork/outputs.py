@@ -4,6 +4,7 @@ half-written)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from keras_fork.errors import ForkError
@@ -14,6 +15,23 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def replace_dir(staged: Path, dest: Path) -> None:
+    """Moves the folder ``staged`` to ``dest``, replacing the folder there.
+
+    ``staged`` must be on ``dest``'s file system (renames, no copy): the old
+    folder is renamed aside, the new one renamed into place, then the old
+    one removed, so ``dest`` is at every moment the old folder or the new
+    one, whole.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    aside = dest.with_name(f".{dest.name}.old")
+    shutil.rmtree(aside, ignore_errors=True)
+    if dest.exists():
+        dest.rename(aside)
+    staged.rename(dest)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def replace_between(path: Path, begin: str, end: str, body: str) -> None:

@@ -142,9 +142,73 @@ def test_given_sdist_with_wrong_hash_is_not_cached(upstream, tmp_path):
     (layout.cache / base.sdist_name).unlink()
     bad = tmp_path / base.sdist_name
     bad.write_bytes(archive.read_bytes() + b"!")
-    with pytest.raises(ForkError, match="sha256 mismatch"):
+    with pytest.raises(ForkError, match="is corrupt") as e:
         sdist.fetch(layout, base, bad)
+    assert "Delete" not in str(e.value)  # the user's file, not our cache
     assert not (layout.cache / base.sdist_name).exists()
+
+
+def _snapshot(folder: Path) -> dict:
+    """``{relative path: bytes}`` of every file under ``folder``."""
+    return {
+        p.relative_to(folder): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _bad_sdist(case: str, archive: Path, tmp_path: Path) -> Path:
+    """A ``--sdist`` argument that is not the pinned sdist, by ``case``."""
+    bad = tmp_path / "bad" / archive.name
+    bad.parent.mkdir()
+    if case == "garbage":
+        bad.write_bytes(b"not a tarball at all\n" * 40)
+    elif case == "one byte flipped":
+        data = bytearray(archive.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        bad.write_bytes(bytes(data))
+    elif case == "another version":
+        other = fake.make_sdist(bad.parent, stem="keras-9.9.8")
+        bad = other
+    return bad  # "missing": never written
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("garbage", "is corrupt (not a readable .tar.gz)"),
+        ("one byte flipped", "is corrupt"),
+        ("missing", "no such file"),
+        ("another version", "is the sdist of keras-9.9.8, not of keras=="),
+    ],
+)
+def test_a_bad_sdist_leaves_dist_byte_identical(
+    upstream, tmp_path, case, message
+):
+    """Issue 37: the sdist is checked before any output changes; the
+    message names the case and never asks to delete the user's file."""
+    layout, base, archive = upstream
+    root = layout.pins.parent.parent
+    repo = Path(__file__).parent.parent
+    cmd = [sys.executable, "-m", "keras_fork", "--root", str(root), "build"]
+    tree = series.materialize(layout, base)
+    _add_fix(layout, base, tree)
+    ok = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+    assert ok.returncode == 0, ok.stderr
+    before = _snapshot(layout.dist)
+    assert Path(base.wheel_name) in before
+    assert any(p.parts[0] == "pr-series" for p in before)
+    bad = _bad_sdist(case, archive, tmp_path)
+    proc = subprocess.run(
+        [*cmd, "--base", base.version, "--sdist", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and "Delete" not in proc.stderr
+    assert _snapshot(layout.dist) == before
 
 
 def test_series_round_trip_is_byte_identical(upstream):
@@ -326,7 +390,7 @@ def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
     assert "Proof" not in body and "scripts/" not in body
     assert "alone on Keras master" not in body  # no pr-check run
     cover = (out / "0000-cover-letter.patch").read_text()
-    assert "Subject: [PATCH 0/1] " in cover and "proof: not run" in cover
+    assert "Subject: [PATCH 0/1] " in cover and "proof" not in cover
     assert " 1 files changed, 1 insertions(+), 1 deletions(-)" in cover
     # git am onto a pristine unpack of the sdist.
     pristine = tmp_path / "pristine"
@@ -352,7 +416,9 @@ def test_build_cli_reports_errors_without_traceback(upstream):
     assert "Traceback" not in proc.stderr
 
 
-def test_build_cli_failing_patch_leaves_no_wheel_or_series(upstream):
+def test_build_cli_failing_patch_leaves_the_last_outputs_as_they_were(
+    upstream,
+):
     layout, base, _ = upstream
     root = layout.pins.parent.parent
     repo = Path(__file__).parent.parent
@@ -362,14 +428,15 @@ def test_build_cli_failing_patch_leaves_no_wheel_or_series(upstream):
     ok = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
     assert ok.returncode == 0, ok.stderr
     assert (layout.dist / base.wheel_name).is_file()
+    before = _snapshot(layout.dist)
     patch = series.series_dir(layout, base) / name
     patch.write_text(patch.read_text().replace("def order(n):", "def o(n):"))
     bad = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
     assert bad.returncode == 2
     assert f"patch {name} does not apply" in bad.stderr
     assert "keras/src/shuffle.py" in bad.stderr
-    assert list(layout.dist.glob("*.whl")) == []
-    assert not prseries.pr_series_dir(layout, base).exists()
+    assert _snapshot(layout.dist) == before
+    assert not [p for p in layout.dist.iterdir() if p.name.startswith(".")]
     assert not layout.tree(base.version).exists()
 
 

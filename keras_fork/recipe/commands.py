@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
+from keras_fork import outputs
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import prseries
+from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
 from keras_fork.recipe import wheel
 
@@ -38,49 +42,92 @@ def check_arguments(p) -> None:
 
 
 def build(args, layout: pins.Layout) -> int:
-    """Wheels and PR series of each selected base into ``dist/``."""
+    """Wheels and PR series of each selected base into ``dist/``.
+
+    Every base's sdist is checked (present, sha256, version) before any
+    output changes; each base's wheel and series are built in a staging
+    folder under ``dist/`` and moved into place only when both are whole,
+    so a failed build leaves the previous ones byte-identical.
+
+    Raises:
+        ForkError: an unknown base, ``--sdist`` with several bases, a bad
+            sdist (``sdist.fetch``), a series out of canonical form, or a
+            master PR that does not apply alone.
+    """
     bases = pins.select_bases(layout, args.base)
     if args.sdist and len(bases) != 1:
         raise ForkError("--sdist needs exactly one --base")
-    console = _console()
-    # Scratch folders of a build that was killed (no cleanup ran).
-    for scratch in [
-        *layout.build.glob(".wheel.*"),
-        *layout.build.glob("trees/.*"),
-        *layout.dist.glob("pr-series/.pr.*"),
-    ]:
-        shutil.rmtree(scratch, ignore_errors=True)
+    _remove_scratch(layout)
     for base in bases:
-        # Outputs of an earlier build (any fork build number of this base)
-        # must not survive a failed one.
-        for old in layout.dist.glob(f"keras-{base.version}+fork.*.whl"):
-            old.unlink()
-        stale = prseries.pr_series_dir(layout, base)
-        if stale.exists():
-            shutil.rmtree(stale)
-        with console.status(f"keras {base.version}: materializing"):
-            tree = series.materialize(layout, base, args.sdist)
-        drift = series.check(layout, base, tree)
-        if drift:
-            raise ForkError(
-                f"re-exporting the {base.version} tree changes {drift}: "
-                f"patches/{base.version} is not in canonical form; run "
-                f"`python -m keras_fork export --base {base.version}`"
-            )
-        if base.package == "keras-nightly":  # master: PRs go in one by one
-            alone = series.not_alone(tree, series.read_series(layout, base))
-            if alone:
-                raise ForkError(
-                    f"PRs of the master series {base.version} that do not "
-                    "apply alone on master (make each stand alone, or fold "
-                    "it into the PR it needs):\n  " + "\n  ".join(alone)
-                )
-        with console.status(f"keras {base.version}: building the wheel"):
-            whl = wheel.build(layout, base, tree)
-        pr = prseries.write(layout, base, tree)
+        sdist_lib.fetch(layout, base, args.sdist)
+    console = _console()
+    for base in bases:
+        whl, pr = _build_base(layout, base, console)
         console.print(f"[green]built[/] {whl.relative_to(layout.root)}")
         console.print(f"[green]wrote[/] {pr.relative_to(layout.root)}/")
     return 0
+
+
+def _remove_scratch(layout: pins.Layout) -> None:
+    """Removes the scratch folders of a build that was killed (no cleanup
+    ran)."""
+    for scratch in [
+        *layout.build.glob(".wheel.*"),
+        *layout.build.glob("trees/.*"),
+        *layout.dist.glob(".build.*"),
+        *layout.dist.glob("pr-series/.pr.*"),
+    ]:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _build_base(layout: pins.Layout, base: pins.Base, console):
+    """Materializes and checks ``base``'s tree, builds its wheel and PR
+    series in a staging folder, then publishes both.
+
+    Returns:
+        ``(wheel, series folder)`` in ``dist/``.
+    """
+    with console.status(f"keras {base.version}: materializing"):
+        tree = series.materialize(layout, base)
+    drift = series.check(layout, base, tree)
+    if drift:
+        raise ForkError(
+            f"re-exporting the {base.version} tree changes {drift}: "
+            f"patches/{base.version} is not in canonical form; run "
+            f"`python -m keras_fork export --base {base.version}`"
+        )
+    if base.package == "keras-nightly":  # master: PRs go in one by one
+        alone = series.not_alone(tree, series.read_series(layout, base))
+        if alone:
+            raise ForkError(
+                f"PRs of the master series {base.version} that do not "
+                "apply alone on master (make each stand alone, or fold "
+                "it into the PR it needs):\n  " + "\n  ".join(alone)
+            )
+    layout.dist.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=layout.dist, prefix=".build.") as t:
+        with console.status(f"keras {base.version}: building the wheel"):
+            whl = wheel.build(layout, base, tree, outdir=Path(t))
+        pr = prseries.stage(layout, base, tree, Path(t) / "pr-series")
+        return _publish(layout, base, whl, pr)
+
+
+def _publish(layout: pins.Layout, base: pins.Base, whl: Path, pr: Path):
+    """Moves a base's staged wheel and series into ``dist/``, replacing the
+    previous ones (a wheel of another fork build number of the base
+    included).
+
+    Returns:
+        ``(wheel, series folder)`` in ``dist/``.
+    """
+    final = layout.dist / whl.name
+    for old in layout.dist.glob(f"keras-{base.version}+fork.*.whl"):
+        if old != final:
+            old.unlink()
+    os.replace(whl, final)
+    dest = prseries.pr_series_dir(layout, base)
+    outputs.replace_dir(pr, dest)
+    return final, dest
 
 
 def export(args, layout: pins.Layout) -> int:

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from keras_fork import outputs
 from keras_fork.recipe import series
 from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
@@ -258,8 +259,8 @@ def render_pr_body(
 ) -> str:
     """Markdown PR body in Keras's template: the description (problem,
     change, issue line), the unit tests the patch adds, the proof cells of
-    its fix when a proof run exists (none: no proof section; the cover
-    letter says the proof was not run), and the contributor agreement.
+    its fix when a proof run exists (none: no proof section, and nothing
+    about proof in the cover letter), and the contributor agreement.
 
     Args:
         info: the patch.
@@ -290,28 +291,33 @@ def write(layout: Layout, base: Base, tree: Path) -> Path:
     """
     dest = pr_series_dir(layout, base)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pr.") as tmp:
+        staged = stage(layout, base, tree, Path(tmp) / "series")
+        outputs.replace_dir(staged, dest)
+    return dest
+
+
+def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
+    """Writes the PR series of ``base`` from the materialized ``tree`` into
+    the new folder ``into`` (which must not exist).
+
+    Returns:
+        ``into``.
+    """
     infos = [series.parse_patch(p) for p in series.read_series(layout, base)]
     repo_only = series.read_repo_only(layout, base)
     cells = proof_cells(layout)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pr.") as tmp:
-        staged = Path(tmp) / "series"
-        staged.mkdir()
-        if infos:  # an empty series has nothing to send, not even a cover
-            if base.sdist_tests:
-                files = series.format_patch(tree, staged, PR_FLAGS)
-            else:  # the tree lacks the test hunks: send the patches
-                files = [staged / "0000-cover-letter.patch"]
-                files += _copy_patches(
-                    staged, series.read_series(layout, base), 0
-                )
-            files += _copy_patches(staged, repo_only, len(infos))
-            infos += [series.parse_patch(p) for p in repo_only]
-            _finish(layout, base, files, infos, cells)
-        old = Path(tmp) / "old"
-        if dest.exists():
-            dest.rename(old)
-        staged.rename(dest)
-    return dest
+    into.mkdir()
+    if infos:  # an empty series has nothing to send, not even a cover
+        if base.sdist_tests:
+            files = series.format_patch(tree, into, PR_FLAGS)
+        else:  # the tree lacks the test hunks: send the patches
+            files = [into / "0000-cover-letter.patch"]
+            files += _copy_patches(into, series.read_series(layout, base), 0)
+        files += _copy_patches(into, repo_only, len(infos))
+        infos += [series.parse_patch(p) for p in repo_only]
+        _finish(layout, base, files, infos, cells)
+    return into
 
 
 def _copy_patches(staged: Path, patches: list[Path], n: int) -> list[Path]:
@@ -420,10 +426,7 @@ def _cover(base, infos, patches, author, proven: bool, width: int) -> str:
             for i, link in zip(infos, links, strict=True)
         ],
         "",
-        "proof: in each PR body"
-        if proven
-        else "proof: not run (build after `scripts/prove` to fill it in)",
-        "",
+        *(["proof: in each PR body", ""] if proven else []),
         f"{(author or 'author not set').split(' <')[0]} ({total}):",
         *[f"  {i.subject}" for i in infos],
         "",

@@ -12,11 +12,26 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 
 from keras_fork.errors import ForkError
 from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
+
+GIVEN = "the given sdist"
+CACHED = "the cached sdist"
+DOWNLOADED = "the downloaded sdist"
+# What to do about a file that is not the pinned sdist, by where it came
+# from: a file the user passed in is theirs, the cache is the project's.
+_REMEDIES = {
+    GIVEN: "Pass the genuine {name} from PyPI, or leave out --sdist to "
+    "download it.",
+    CACHED: "Delete that file (the project's own cache) and run again to "
+    "download it anew.",
+    DOWNLOADED: "The package index served another file than the pin in "
+    "keras_fork/bases.toml: check the pin.",
+}
 
 
 def sha256_of(path: Path) -> str:
@@ -28,15 +43,46 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def _top_folder(path: Path) -> str | None:
+    """The top folder of a ``.tar.gz`` (its first member's first part), or
+    None where the file is no readable gzip'd tar archive."""
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            first = tar.next()
+    except (tarfile.TarError, EOFError, OSError, zlib.error):
+        return None
+    return first.name.split("/")[0] if first else None
+
+
 def _check(base: Base, path: Path, origin: str) -> None:
+    """Raises unless ``path`` is ``base``'s sdist, byte for byte.
+
+    The message tells the cases apart: another project's or version's sdist
+    (its top folder names it), or a corrupt or modified file. Only the
+    project's own cache is ever named for deletion; a file the user passed
+    in (``--sdist``) is theirs.
+
+    Raises:
+        ForkError: the sha256 differs from the pin.
+    """
     actual = sha256_of(path)
-    if actual != base.sdist_sha256:
-        raise ForkError(
-            f"sha256 mismatch for {origin} {path}: expected "
-            f"{base.sdist_sha256}, got {actual}. Refusing to unpack it "
-            "(tampered or truncated download?). Delete it and run again, or "
-            "pass the genuine file with --sdist PATH."
+    if actual == base.sdist_sha256:
+        return
+    top = _top_folder(path)
+    if top and top != base.sdist_stem:
+        what = (
+            f"{origin} {path} is the sdist of {top}, not of "
+            f"{base.requirement} (its top folder is {top}/, expected "
+            f"{base.sdist_stem}/)."
         )
+    else:
+        kind = "not a readable .tar.gz" if top is None else "modified"
+        what = (
+            f"{origin} {path} is corrupt ({kind}): sha256 {actual}, "
+            f"expected {base.sdist_sha256} for {base.requirement}."
+        )
+    remedy = _REMEDIES[origin].format(name=base.sdist_name)
+    raise ForkError(f"{what} Nothing was unpacked or changed. {remedy}")
 
 
 def _pip_download(base: Base, dest: Path) -> Path:
@@ -79,20 +125,25 @@ def fetch(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
     cached = layout.cache / base.sdist_name
     if sdist is not None:
         sdist = Path(sdist)
+        if not sdist.exists():
+            raise ForkError(
+                f"--sdist {sdist}: no such file. Pass the path of "
+                f"{base.sdist_name}, or leave out --sdist to download it."
+            )
         if not sdist.is_file():
-            raise ForkError(f"--sdist {sdist}: no such file")
-        _check(base, sdist, "the given sdist")
+            raise ForkError(f"--sdist {sdist}: not a file")
+        _check(base, sdist, GIVEN)
         if sdist.resolve() != cached.resolve():
             tmp = cached.with_suffix(".partial")
             shutil.copyfile(sdist, tmp)
             tmp.replace(cached)
         return cached
     if cached.is_file():
-        _check(base, cached, "the cached sdist")
+        _check(base, cached, CACHED)
         return cached
     with tempfile.TemporaryDirectory(dir=layout.cache) as tmp:
         found = _pip_download(base, Path(tmp))
-        _check(base, found, "the downloaded sdist")
+        _check(base, found, DOWNLOADED)
         found.replace(cached)
     return cached
 

@@ -127,11 +127,14 @@ def _add_manifest(tmp: Path, base: Base, manifest: list, env) -> None:
     )  # fmt: skip
 
 
-def build(layout: Layout, base: Base, tree: Path) -> Path:
-    """Builds ``dist/keras-<base>+fork.<N>-py3-none-any.whl`` from ``tree``.
+def build(
+    layout: Layout, base: Base, tree: Path, outdir: Path | None = None
+) -> Path:
+    """Builds ``keras-<base>+fork.<N>-py3-none-any.whl`` from ``tree`` into
+    ``outdir`` (default ``dist/``).
 
-    The wheel is built under ``build/`` and renamed into ``dist/``, so
-    ``dist/`` never holds a partial wheel.
+    The wheel is built under ``build/`` and renamed into ``outdir``, so
+    ``outdir`` never holds a partial wheel.
 
     Returns:
         The wheel's path.
@@ -171,7 +174,7 @@ def build(layout: Layout, base: Base, tree: Path) -> Path:
                 )
             # Same file system as dist/ (both in the checkout): the rename is
             # atomic, dist/ never sees a partial wheel.
-            final = layout.dist / base.wheel_name
+            final = (outdir or layout.dist) / base.wheel_name
             os.replace(packed, final)
     finally:
         os.umask(old_umask)
