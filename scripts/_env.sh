@@ -3,8 +3,11 @@
 #   ensure_env build   light: build frontend, setuptools, wheel, rich, pytest
 #   ensure_env test    + tensorflow-cpu, jax, torch (CPU), ruff
 # A stamp (hash of the inputs) skips pip when nothing changed.
+# KERAS_FORK_VENV names another environment folder: scripts/test builds first
+# from one made from requirements/build.txt alone (.venvs/build), so that a
+# build dependency missing from build.txt fails CI (issue 37).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+VENV="${KERAS_FORK_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 
 ensure_env() {
@@ -20,7 +23,7 @@ ensure_env() {
     "$interp" -m venv "$VENV"
   fi
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "installing the $group environment into .venv ..." >&2
+    echo "installing the $group environment into ${VENV#"$ROOT"/} ..." >&2
     "$PY" -m pip install -q --disable-pip-version-check \
       -c "$ROOT/constraints.txt" -r "$ROOT/requirements/$group.txt" 2> >(grep -v "is ignored: it is neither" >&2)
     if [ "$group" = test ]; then

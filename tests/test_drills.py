@@ -1,4 +1,4 @@
-"""Reliability drills: a build killed midway leaves no wheel in dist/."""
+"""Reliability drills: a build killed midway leaves dist/ as it was."""
 
 import hashlib
 import os
@@ -40,7 +40,16 @@ def _blocking_sdist(folder):
     return fake.make_sdist(folder, files)
 
 
-def test_build_killed_midway_leaves_no_wheel_and_recovers(tmp_path):
+def _snapshot(folder: Path) -> dict:
+    """``{relative path: bytes}`` of every file under ``folder``."""
+    return {
+        p.relative_to(folder): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_build_killed_midway_leaves_dist_as_it_was_and_recovers(tmp_path):
     archive = _blocking_sdist(tmp_path)
     sha = hashlib.sha256(archive.read_bytes()).hexdigest()
     layout = fake.make_layout(tmp_path / "repo", sha)
@@ -48,11 +57,13 @@ def test_build_killed_midway_leaves_no_wheel_and_recovers(tmp_path):
     (layout.cache / archive.name).write_bytes(archive.read_bytes())
     root = layout.pins.parent.parent
     cmd = [sys.executable, "-m", "keras_fork", "--root", str(root), "build"]
-    # A first, complete build: its wheel must not survive the killed one.
+    # A first, complete build: the killed one leaves its outputs as they
+    # were, and nothing of its own in dist/.
     first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     base = pins.get_base(layout, fake.VERSION)
     assert (layout.dist / base.wheel_name).is_file()
+    before = _snapshot(layout.dist)
 
     ready, block = tmp_path / "ready", tmp_path / "block"
     os.mkfifo(ready)
@@ -77,12 +88,13 @@ def test_build_killed_midway_leaves_no_wheel_and_recovers(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    assert list(layout.dist.glob("*.whl")) == []
-    assert [p for p in layout.dist.rglob("*") if ".partial" in p.name] == []
+    assert _snapshot(layout.dist) == before
+    assert [p for p in layout.dist.rglob(".*")] == []
 
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert [p.name for p in layout.dist.glob("*.whl")] == [base.wheel_name]
     leftovers = list(layout.build.glob(".wheel.*"))
+    leftovers += list(layout.build.glob(".stage.*"))
     leftovers += list(layout.build.glob("trees/.*"))
     assert leftovers == []

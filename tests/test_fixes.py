@@ -1,5 +1,6 @@
 """The fix catalog: one folder a fix, in step with the series."""
 
+import argparse
 import dataclasses
 import json
 import re
@@ -169,3 +170,50 @@ def test_fixes_check_fails_on_a_planted_problem(tmp_path, capsys):
     args = cli.parser().parse_args(["fixes", "--check"])
     assert catalog.main(args, layout) == 1
     assert "fix extra-fix: no patch on any base" in capsys.readouterr().out
+
+
+def _filters(**given):
+    """A ``prove`` filter namespace: the given lists, every other None."""
+    names = ("base", "fix", "backend", "topology")
+    return argparse.Namespace(**{n: given.get(n) for n in names})
+
+
+@pytest.mark.parametrize(
+    ("given", "named", "valid"),
+    [
+        ({"fix": ["nosuch"]}, "--fix 'nosuch'", "seeded-shuffle"),
+        ({"backend": ["mxnet"]}, "--backend 'mxnet'", "jax, tensorflow"),
+        ({"topology": ["9"]}, "--topology '9'", "mirrored-2"),
+        ({"base": ["9.9.9"]}, "--base '9.9.9'", "3.15.1"),
+    ],
+)
+def test_an_unknown_filter_value_is_named_with_the_valid_ones(
+    given, named, valid
+):
+    matrix = fixes.load_matrix(LAYOUT.fixes)
+    with pytest.raises(ForkError, match="unknown") as e:
+        fixes.select(matrix, _filters(**given))
+    assert named in str(e.value) and valid in str(e.value)
+
+
+def test_a_fix_filtered_off_its_bases_names_where_its_cells_are():
+    matrix = fixes.load_matrix(LAYOUT.fixes)
+    torch_only = {c.base for c in matrix if c.fix == "torch-uneven-steps"}
+    assert "3.7.0" not in torch_only
+    args = _filters(base=["3.7.0"], fix=["torch-uneven-steps"])
+    with pytest.raises(ForkError) as e:
+        fixes.select(matrix, args)
+    message = str(e.value)
+    assert "no matrix cell matches --base 3.7.0 --fix torch-uneven-steps" in (
+        message
+    )
+    assert f"has cells on base {', '.join(sorted(torch_only))}" in message
+
+
+def test_filters_that_match_select_those_cells_only():
+    matrix = fixes.load_matrix(LAYOUT.fixes)
+    chosen = fixes.select(
+        matrix, _filters(fix=["seeded-shuffle"], backend=["jax", "torch"])
+    )
+    assert chosen and {c.fix for c in chosen} == {"seeded-shuffle"}
+    assert {c.backend for c in chosen} == {"jax", "torch"}

@@ -1,6 +1,7 @@
 """The house rules: layering, function length, README size, generated
 blocks in sync with their sources."""
 
+import argparse
 import ast
 import subprocess
 import sys
@@ -111,3 +112,45 @@ def test_docs_have_the_generated_table_markers(doc, markers):
     readme = (ROOT / "README.md").read_text()
     for marker in markers:
         assert marker not in readme, "measurements go to docs/, not README"
+
+
+def test_every_option_of_every_verb_has_a_help_text():
+    """Issue 37: ``--help`` covers every option."""
+    from keras_fork import cli
+
+    sub = next(
+        a
+        for a in cli.parser()._actions
+        if isinstance(a, argparse._SubParsersAction)
+    )
+    bare = [
+        f"{verb} {'/'.join(action.option_strings)}"
+        for verb, verb_parser in sub.choices.items()
+        for action in verb_parser._actions
+        if action.help is None and not isinstance(action, argparse._HelpAction)
+    ]
+    assert not bare, bare
+
+
+def test_a_verb_imports_only_its_own_module():
+    """``build`` (and ``--help``) must run with ``requirements/build.txt``
+    alone: choosing a verb imports no other verb's module. The real check is
+    scripts/test's first stage, a build from that environment alone."""
+    code = (
+        "import sys\n"
+        "from keras_fork import cli\n"
+        "cli.parser({cli.chosen_verb(['build', '--help'])})\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = set(proc.stdout.split())
+    assert "keras_fork.recipe.commands" in loaded
+    others = {"keras_fork.proof", "keras_fork.bench", "keras_fork.upstream"}
+    assert not loaded & others
+    assert not {"filelock", "integration_tests", "torch", "jax"} & loaded

@@ -72,7 +72,10 @@ def test_filters_select_cells_and_refuse_empty_selection():
         (c.backend, c.topology) == ("jax", "8") for c in chosen
     )
     args.backend = ["no-such-backend"]
-    with pytest.raises(ForkError, match="no matrix cell"):
+    with pytest.raises(ForkError, match="unknown --backend 'no-such-backend'"):
+        fixes.select(cells, args)
+    args.base, args.fix = ["3.7.0"], ["torch-uneven-steps"]
+    with pytest.raises(ForkError, match="no matrix cell matches"):
         fixes.select(cells, args)
 
 

@@ -693,7 +693,11 @@ def add_arguments(p) -> None:
         "--topology", action="append", help="only this topology (e.g. 1)"
     )
     p.add_argument(
-        "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"
+        "--accelerator",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="where the steps run (default auto: the GPUs where torch or "
+        "jax sees one, else the CPU)",
     )
     p.add_argument(
         "--docs",

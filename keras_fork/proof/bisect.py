@@ -277,8 +277,15 @@ def _pytest(cmd, env, cwd, timeout) -> tuple[int | None, str]:
 
 def add_arguments(p) -> None:
     """The ``bisect`` verb's options."""
-    p.add_argument("--base", action="append")
-    p.add_argument("--backend", action="append", choices=BACKENDS)
+    p.add_argument(
+        "--base", action="append", help="only this base (repeatable)"
+    )
+    p.add_argument(
+        "--backend",
+        action="append",
+        choices=BACKENDS,
+        help="run the unit tests on this backend only (repeatable)",
+    )
     p.add_argument(
         "--jobs",
         type=int,

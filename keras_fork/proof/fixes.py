@@ -240,28 +240,50 @@ def missing_cells(fix: Fix) -> dict[str, list[str]]:
     return out
 
 
+FILTERS = ("base", "fix", "backend", "topology")
+
+
 def select(cells: list[Cell], args) -> list[Cell]:
     """Cells matching every given filter (``args.base``, ``.fix``,
     ``.backend``, ``.topology``: each a list or None).
 
     Raises:
-        ForkError: no cell matches.
+        ForkError: a filter value that no cell has (named, with the valid
+            values), or filters that each match but not together (e.g. a
+            fix on a base that does not carry it: the fix's bases are
+            named).
     """
-
-    def ok(value, wanted):
-        return not wanted or value in wanted
-
+    wanted = {name: getattr(args, name, None) or [] for name in FILTERS}
+    for name, values in wanted.items():
+        valid = sorted({getattr(c, name) for c in cells})
+        unknown = [v for v in values if v not in valid]
+        if unknown:
+            raise ForkError(
+                f"unknown --{name} {', '.join(map(repr, unknown))}; "
+                f"valid: {', '.join(valid)}"
+            )
     chosen = [
         c
         for c in cells
-        if ok(c.base, args.base)
-        and ok(c.fix, args.fix)
-        and ok(c.backend, args.backend)
-        and ok(c.topology, args.topology)
+        if all(getattr(c, n) in v for n, v in wanted.items() if v)
     ]
     if not chosen:
-        raise ForkError("no matrix cell matches the filters")
+        raise ForkError(_no_match(cells, wanted))
     return chosen
+
+
+def _no_match(cells: list[Cell], wanted: dict) -> str:
+    """Why filters whose values each exist select no cell together: for
+    each chosen fix, where its cells are."""
+    given = " ".join(f"--{n} {v}" for n, vs in wanted.items() for v in vs)
+    lines = [f"no matrix cell matches {given}"]
+    for fix in wanted["fix"]:
+        own = [c for c in cells if c.fix == fix]
+        for name in ("base", "backend", "topology"):
+            have = sorted({getattr(c, name) for c in own})
+            if wanted[name] and not set(wanted[name]) & set(have):
+                lines.append(f"fix {fix} has cells on {name} {', '.join(have)}")
+    return "; ".join(lines)
 
 
 def verdict(

@@ -364,8 +364,19 @@ def add_arguments(p) -> None:
 def add_filters(p) -> None:
     """Which cells and variants run, and how (also ``bench-matrix``'s)."""
     for name in ("base", "fix", "backend", "topology"):
-        p.add_argument(f"--{name}", action="append", help=f"only this {name}")
-    p.add_argument("--variant", action="append", choices=VARIANTS)
+        p.add_argument(
+            f"--{name}",
+            action="append",
+            help=f"only this {name} (repeatable; an unknown one is named, "
+            "with the valid ones)",
+        )
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=VARIANTS,
+        help="run only this variant (repeatable; default both); the other "
+        "keeps its result from the last dist/proof.json",
+    )
     p.add_argument(
         "--jobs",
         type=int,
@@ -376,10 +387,19 @@ def add_filters(p) -> None:
         "takes all of them",
     )
     p.add_argument(
-        "--accelerator", choices=("auto", "cpu", "gpu"), default="auto"
+        "--accelerator",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="where the tests run (default auto: the GPUs where the "
+        "machine has them, else the CPU); on GPUs a topology needing more "
+        "GPUs than visible is n/a",
     )
     p.add_argument(
-        "--timeout", type=float, default=600, help="per-test seconds"
+        "--timeout",
+        type=float,
+        default=600,
+        help="seconds a test may take (default 600); past them "
+        "pytest-timeout fails it and the run goes on",
     )
 
 

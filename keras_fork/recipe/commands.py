@@ -23,16 +23,27 @@ def _console():
 
 
 def build_arguments(p) -> None:
-    p.add_argument("--base", action="append", help="base version (repeat)")
-    p.add_argument("--sdist", type=Path, help="use this sdist (offline)")
+    p.add_argument(
+        "--base",
+        action="append",
+        help="only this base (repeatable; default: every pinned base)",
+    )
+    p.add_argument(
+        "--sdist",
+        type=Path,
+        help="build from this sdist instead of downloading it (offline; "
+        "needs exactly one --base; checked against the pinned sha256)",
+    )
 
 
 def export_arguments(p) -> None:
-    p.add_argument("--base", required=True)
+    p.add_argument("--base", required=True, help="the base to export")
 
 
 def check_arguments(p) -> None:
-    p.add_argument("--base", action="append")
+    p.add_argument(
+        "--base", action="append", help="only this base (repeatable)"
+    )
     p.add_argument(
         "--upstream-git",
         type=Path,
@@ -46,7 +57,7 @@ def build(args, layout: pins.Layout) -> int:
 
     Every base's sdist is checked (present, sha256, version) before any
     output changes; each base's wheel and series are built in a staging
-    folder under ``dist/`` and moved into place only when both are whole,
+    folder under ``build/`` and moved into place only when both are whole,
     so a failed build leaves the previous ones byte-identical.
 
     Raises:
@@ -74,7 +85,7 @@ def _remove_scratch(layout: pins.Layout) -> None:
     for scratch in [
         *layout.build.glob(".wheel.*"),
         *layout.build.glob("trees/.*"),
-        *layout.dist.glob(".build.*"),
+        *layout.build.glob(".stage.*"),
         *layout.dist.glob("pr-series/.pr.*"),
     ]:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -104,8 +115,11 @@ def _build_base(layout: pins.Layout, base: pins.Base, console):
                 "apply alone on master (make each stand alone, or fold "
                 "it into the PR it needs):\n  " + "\n  ".join(alone)
             )
-    layout.dist.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=layout.dist, prefix=".build.") as t:
+    # Staged under build/, on dist/'s file system (both in the checkout):
+    # the moves into dist/ are renames, and a killed build leaves nothing
+    # in dist/.
+    layout.build.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=layout.build, prefix=".stage.") as t:
         with console.status(f"keras {base.version}: building the wheel"):
             whl = wheel.build(layout, base, tree, outdir=Path(t))
         pr = prseries.stage(layout, base, tree, Path(t) / "pr-series")

@@ -193,7 +193,12 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--backend", action="append", choices=BACKENDS, help="repeatable"
     )
-    p.add_argument("--timeout", type=int, default=TIMEOUT)
+    p.add_argument(
+        "--timeout",
+        type=int,
+        default=TIMEOUT,
+        help=f"seconds a pytest run may take (default {TIMEOUT})",
+    )
 
 
 def main(args, layout: pins.Layout) -> int:

@@ -280,7 +280,12 @@ def run_side(work: Path, env: dict, junit: Path, timeout: int, limit: float):
 def add_arguments(p) -> None:
     """The ``regressions`` verb's options."""
     p.add_argument("--base", help="the base (default: the first pinned)")
-    p.add_argument("--backend", action="append", choices=BACKENDS)
+    p.add_argument(
+        "--backend",
+        action="append",
+        choices=BACKENDS,
+        help="only this backend (repeatable; default: all three)",
+    )
     p.add_argument(
         "--modules",
         nargs="+",
