@@ -75,6 +75,7 @@ def test_filters_select_cells_and_refuse_empty_selection():
     with pytest.raises(ForkError, match="unknown --backend 'no-such-backend'"):
         fixes.select(cells, args)
     args.base, args.fix = ["3.7.0"], ["torch-uneven-steps"]
+    args.backend = None
     with pytest.raises(ForkError, match="no matrix cell matches"):
         fixes.select(cells, args)
 
