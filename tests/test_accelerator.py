@@ -65,9 +65,7 @@ def test_visible_gpus_are_what_nvidia_smi_lists(
 
 
 def _cell(backend, topology, expect="proven", reason=""):
-    return fixes.Cell(
-        "3.15.1", "f", "#1", backend, topology, expect, reason
-    )  # fmt: skip
+    return fixes.Cell("3.15.1", "f", "#1", backend, topology, expect, reason)
 
 
 def test_cells_short_of_gpus_are_na_with_the_counts():
@@ -81,8 +79,13 @@ def test_cells_short_of_gpus_are_na_with_the_counts():
     ]
     two = fixes.short_of_gpus(cells, 2)
     assert [c.expect for c in two] == [
-        "proven", "guard", "n/a", "proven", "proven", "n/a",
-    ]  # fmt: skip
+        "proven",
+        "guard",
+        "n/a",
+        "proven",
+        "proven",
+        "n/a",
+    ]
     assert two[2].reason == "needs 4 GPUs; this machine has 2"
     assert two[5].reason == "no 2-process test"  # its own reason stands
     one = fixes.short_of_gpus(cells, 1)

@@ -78,11 +78,14 @@ def test_cases_are_selected_by_name_backend_and_topology():
     assert bench.select_cases() == bench.CASES
     cnn = "fit step, CNN + BatchNorm"
     assert keys(bench.select_cases(["CNN"], None, ["1"])) == [
-        (cnn, "jax", "1"), (cnn, "torch", "1"), (cnn, "tensorflow", "1"),
-    ]  # fmt: skip
+        (cnn, "jax", "1"),
+        (cnn, "torch", "1"),
+        (cnn, "tensorflow", "1"),
+    ]
     assert keys(bench.select_cases([cnn], ["torch", "tensorflow"], ["1"])) == [
-        (cnn, "torch", "1"), (cnn, "tensorflow", "1"),
-    ]  # fmt: skip
+        (cnn, "torch", "1"),
+        (cnn, "tensorflow", "1"),
+    ]
     assert keys(bench.select_cases(None, ["torch"], ["ddp-2"])) == [
         ("DDP loop step, small MLP", "torch", "ddp-2"),
         ("DDP loop step, CNN + BatchNorm", "torch", "ddp-2"),
@@ -212,10 +215,14 @@ def test_work_mode_finds_the_compiled_step(backend, kind):
     base = bases[max(bases, key=Version)]
     fork = variants.install_variants(layout, base)["fork"]
     result = bench._run_worker(
-        fork, variants.install_overlay(layout, base), "fit_step", backend, "1",
+        fork,
+        variants.install_overlay(layout, base),
+        "fit_step",
+        backend,
+        "1",
         {"samples": 256, "batch_size": 64, "epochs": 2, "work": True},
         "cpu",
-    )  # fmt: skip
+    )
     assert len(result["calls_per_step"]) == 2
     assert min(result["calls_per_step"]) > 0
     assert result["graph"]["kind"] == kind
@@ -236,12 +243,16 @@ def test_work_mode_counts_the_reductions_of_a_mirrored_step():
     overlay = variants.install_overlay(layout, base)
     graphs = {
         variant: bench._run_worker(
-            dirs[variant], overlay, "fit_step", "tensorflow", "mirrored-2",
+            dirs[variant],
+            overlay,
+            "fit_step",
+            "tensorflow",
+            "mirrored-2",
             {"samples": 256, "batch_size": 64, "epochs": 1, "work": True},
             "cpu",
         )["graph"]
         for variant in ("stock", "fork")
-    }  # fmt: skip
+    }
     assert graphs["stock"]["collectives"] == 2
     assert graphs["fork"]["collectives"] == 4
 
@@ -324,9 +335,11 @@ def _gated(script, timeout=60, env=None):
         "gate = Gate.from_env()\n"
     )
     return bench.LiveWorker(
-        "fake", [sys.executable, "-c", prelude + script],
-        dict(os.environ, **(env or {})), timeout=timeout,
-    )  # fmt: skip
+        "fake",
+        [sys.executable, "-c", prelude + script],
+        dict(os.environ, **(env or {})),
+        timeout=timeout,
+    )
 
 
 def _alive(pid):
@@ -355,12 +368,13 @@ def test_a_live_worker_runs_a_repetition_per_turn():
     "script, message",
     [
         ("gate.wait()\nsys.exit(3)\n", "exited with status 3"),
-        ("gate.wait()\nprint('oops', file=sys.stderr)\nsys.exit(1)\n",
-         "oops"),
-        ("gate.wait()\ngate._send({'seconds': 'soon'})\ngate.close()\n",
-         "not a duration"),
+        ("gate.wait()\nprint('oops', file=sys.stderr)\nsys.exit(1)\n", "oops"),
+        (
+            "gate.wait()\ngate._send({'seconds': 'soon'})\ngate.close()\n",
+            "not a duration",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_failing_worker_is_named_with_its_status_and_log(script, message):
     worker = _gated(script)
     try:

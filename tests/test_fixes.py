@@ -121,8 +121,10 @@ def test_shared_reasons_and_base_cells(tmp_path):
         '"jax/1" = "proven"\n"jax/8" = "n/a: @shared"',
         '[base_cells."3.15.1"]\n"jax/1" = "guard"\n',
     )
-    got = {(c.base, c.topology): (c.expect, c.reason)
-           for c in fixes.load_matrix(folder)}  # fmt: skip
+    got = {
+        (c.base, c.topology): (c.expect, c.reason)
+        for c in fixes.load_matrix(folder)
+    }
     assert got == {
         ("3.7.0", "1"): ("proven", ""),
         ("3.7.0", "8"): ("n/a", "a reason"),

@@ -51,20 +51,27 @@ def _patch(repo: Path, tmp_path: Path, name: str, source: str, test: str):
 def test_each_pr_applies_alone_and_runs_its_added_tests(tmp_path):
     repo = _repo(tmp_path)
     good = _patch(
-        repo, tmp_path, "reverse",
+        repo,
+        tmp_path,
+        "reverse",
         SOURCE.replace("list(range(n))", "list(range(n))[::-1]"),
         TEST.replace("[0, 1]", "[1, 0]")
         + "\n\ndef test_reversed():\n    assert order(3)[0] == 2\n",
-    )  # fmt: skip
+    )
     broken = _patch(
-        repo, tmp_path, "broken", SOURCE.replace("range(n)", "range(n + 1)"),
+        repo,
+        tmp_path,
+        "broken",
+        SOURCE.replace("range(n)", "range(n + 1)"),
         TEST + "\n\ndef test_longer():\n    assert order(2) == [0, 1]\n",
-    )  # fmt: skip
+    )
     vacuous = _patch(
-        repo, tmp_path, "vacuous",
+        repo,
+        tmp_path,
+        "vacuous",
         SOURCE.replace("range(n)", "range(0, n)"),
         TEST + "\n\ndef test_again():\n    assert order(1) == [0]\n",
-    )  # fmt: skip
+    )
     # Upstream moves on: a patch made on the old code no longer applies.
     stale = _patch(
         repo, tmp_path, "stale", SOURCE.replace("return 0", "return 2"), TEST

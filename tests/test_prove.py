@@ -94,10 +94,18 @@ def test_multi_device_topologies_set_devices_before_the_backend_starts():
 def test_table_shows_na_reasons():
     table = prove.render_table(
         [
-            dict(base="3.15.1", fix="f", backend="torch", topology="ddp-2",
-                 stock=None, fork=None, verdict="n/a", reason="why not"),
+            dict(
+                base="3.15.1",
+                fix="f",
+                backend="torch",
+                topology="ddp-2",
+                stock=None,
+                fork=None,
+                verdict="n/a",
+                reason="why not",
+            ),
         ]
-    )  # fmt: skip
+    )
     assert "| - | - | n/a (why not) |" in table
 
 
@@ -165,8 +173,11 @@ def test_child_env_matches_what_bisect_and_bench_built_before(
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     monkeypatch.setenv("PROOF_FIX", "leaked")
     target = tmp_path / "site"
-    cpu = {"KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": "",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}  # fmt: skip
+    cpu = {
+        "KERAS_BACKEND": "jax",
+        "CUDA_VISIBLE_DEVICES": "",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
     before = dict(os.environ, PYTHONPATH=str(target), **cpu)
     del before["XLA_FLAGS"], before["PROOF_FIX"]
     bare = variants.child_env(target, topology_env=cpu, with_repo=False)
@@ -323,8 +334,13 @@ def test_unit_cells_share_one_run_per_backend_and_variant(
         "</testcase></testsuite></testsuites>"
     )
     monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
-    run = {"outcome": "fail", "detail": "", "counts": {}, "junit": xml.name,
-           "seconds": 9.0}  # fmt: skip
+    run = {
+        "outcome": "fail",
+        "detail": "",
+        "counts": {},
+        "junit": xml.name,
+        "seconds": 9.0,
+    }
     one = groups.cell_result(fork, cells[0], run)
     assert (one["outcome"], one["detail"]) == ("pass", "1 passed")
     assert one["counts"]["skipped"] == 1
@@ -336,8 +352,9 @@ def test_unit_cells_share_one_run_per_backend_and_variant(
     stock = planned[0]
     assert groups.cell_result(stock, cells[0], run)["counts"]["tests"] == 1
     # No case of the cell's files ran: an error, never a pass.
-    alone = groups.Group("3.15.1", "fork", "jax", "unit", (cells[2],),
-                         (units[cells[2].key],))  # fmt: skip
+    alone = groups.Group(
+        "3.15.1", "fork", "jax", "unit", (cells[2],), (units[cells[2].key],)
+    )
     assert groups.cell_result(alone, cells[2], run)["outcome"] == "error"
 
 
@@ -347,8 +364,12 @@ def test_integration_cells_share_one_run_and_keep_their_own_cases(
     def cell(fix, topology="1", expect="proven"):
         return fixes.Cell("3.15.1", fix, "", "jax", topology, expect)
 
-    cells = [cell("f1"), cell("f2"), cell("f3", expect="n/a"),
-             cell("f4", "procs-2")]  # fmt: skip
+    cells = [
+        cell("f1"),
+        cell("f2"),
+        cell("f3", expect="n/a"),
+        cell("f4", "procs-2"),
+    ]
     planned = groups.plan_groups(cells, {}, ["fork"])
     assert [(g.topology, g.fixes, g.multi_process) for g in planned] == [
         ("1", ("f1", "f2"), False),
@@ -357,9 +378,11 @@ def test_integration_cells_share_one_run_and_keep_their_own_cases(
     xml = tmp_path / "run.xml"
 
     def case(name, fix, body=""):
-        return (f'<testcase name="{name}" time="1.5"><properties>'
-                f'<property name="fix" value="{fix}"/></properties>{body}'
-                "</testcase>")  # fmt: skip
+        return (
+            f'<testcase name="{name}" time="1.5"><properties>'
+            f'<property name="fix" value="{fix}"/></properties>{body}'
+            "</testcase>"
+        )
 
     xml.write_text(
         "<testsuites><testsuite>"
@@ -381,8 +404,9 @@ def test_a_run_that_dies_names_its_culprit_and_reruns_the_others():
     def cell(fix):
         return fixes.Cell("3.15.1", fix, "", "jax", "1", "proven")
 
-    group = groups.plan_groups([cell("f-1"), cell("f-2"), cell("f-3")], {},
-                               ["stock"])[0]  # fmt: skip
+    group = groups.plan_groups(
+        [cell("f-1"), cell("f-2"), cell("f-3")], {}, ["stock"]
+    )[0]
     run = {"outcome": "error", "detail": "killed after 9s without progress"}
     hung = "integration_tests/fixes/f_2/test_f.py::test_x[1]"
     results, retries = groups.after_error(group, run, hung)

@@ -54,15 +54,26 @@ def _add_fix(layout):
     (tree / TEST_FILE).write_text(OLD_TEST + "\n\ndef test_reversed():\n")
     env = series.git_env(fake.EPOCH)
     series.git(
-        tree, "commit", "-qam",
-        "Reverse the order\n\nBecause.\n\nFork-Fix: reverse", env=env,
-    )  # fmt: skip
+        tree,
+        "commit",
+        "-qam",
+        "Reverse the order\n\nBecause.\n\nFork-Fix: reverse",
+        env=env,
+    )
     series.export(tree, series.series_dir(layout, base))
 
 
 def _rebase(layout, *extra):
-    argv = ["--root", str(layout.root), "rebase", "--base", fake.VERSION,
-            "--to", fake.NIGHTLY, *extra]  # fmt: skip
+    argv = [
+        "--root",
+        str(layout.root),
+        "rebase",
+        "--base",
+        fake.VERSION,
+        "--to",
+        fake.NIGHTLY,
+        *extra,
+    ]
     return cli.main(argv)
 
 
@@ -135,8 +146,13 @@ def test_a_patch_already_upstream_stops_instead_of_dropping(tmp_path, capsys):
     tree = series.materialize(layout, base)
     code = tree / "keras/src/shuffle.py"
     code.write_text(fixed)
-    series.git(tree, "commit", "-qam", "Reverse the order\n\nFork-Fix: r",
-               env=series.git_env(fake.EPOCH))  # fmt: skip
+    series.git(
+        tree,
+        "commit",
+        "-qam",
+        "Reverse the order\n\nFork-Fix: r",
+        env=series.git_env(fake.EPOCH),
+    )
     series.export(tree, series.series_dir(layout, base))
     assert _rebase(layout) == 1
     assert "empty on the new base" in capsys.readouterr().out
@@ -150,10 +166,13 @@ def test_rebase_refuses_to_overwrite_a_series(tmp_path):
     (dest / "x.patch").write_text("")
     with pytest.raises(ForkError, match="already holds a series"):
         rebase.main(
-            type("A", (), {"base": fake.VERSION, "to": fake.NIGHTLY,
-                           "resume": False})(),
+            type(
+                "A",
+                (),
+                {"base": fake.VERSION, "to": fake.NIGHTLY, "resume": False},
+            )(),
             layout,
-        )  # fmt: skip
+        )
 
 
 def test_the_nightly_sdist_is_checked_before_unpacking(tmp_path):

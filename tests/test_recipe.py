@@ -43,13 +43,16 @@ def _add_fix(layout, base, tree):
     env = series.git_env(fake.EPOCH)
     series.git(tree, "add", "-A", env=env)
     series.git(
-        tree, "commit", "-q", "-m",
+        tree,
+        "commit",
+        "-q",
+        "-m",
         "Reverse the order\n\nBecause tests want it.\n\n"
         "Fixes keras-team/keras#1\n\n"
         "Fork-Fix: reverse\nBug: https://github.com/keras-team/keras/issues/1\n"
         "Forwarded: no\nApplied-Upstream: no",
         env=env,
-    )  # fmt: skip
+    )
     return series.export(tree, series.series_dir(layout, base))
 
 
@@ -60,8 +63,9 @@ def _two_chained_patches(layout, base, tree):
     f = tree / "keras/src/shuffle.py"
     f.write_text(f.read_text().replace("reversed(range(n))", "range(n)[::-1]"))
     env = series.git_env(fake.EPOCH)
-    series.git(tree, "commit", "-qam", "Slice instead\n\nFork-Fix: reverse",
-               env=env)  # fmt: skip
+    series.git(
+        tree, "commit", "-qam", "Slice instead\n\nFork-Fix: reverse", env=env
+    )
     names = series.export(tree, series.series_dir(layout, base))
     return names, [series.series_dir(layout, base) / n for n in names]
 
@@ -313,10 +317,20 @@ def test_wheel_manifest_readable_through_importlib_metadata(upstream, tmp_path):
     whl = wheel.build(layout, base, series.materialize(layout, base))
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-         "--target", str(target), str(whl)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(whl),
+        ],
+        check=True,
+        capture_output=True,
+    )
     code = (
         "import importlib.metadata as m, json, keras;"
         "d = m.distribution('keras');"
@@ -326,8 +340,10 @@ def test_wheel_manifest_readable_through_importlib_metadata(upstream, tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out == ["9.9.9+fork.1"] * 3
 
 
@@ -350,9 +366,15 @@ def test_a_pr_body_reports_its_pr_check_row(upstream):
     tree = series.materialize(layout, base)
     (patch,) = series.read_series(layout, base)
     layout.dist.mkdir(parents=True, exist_ok=True)
-    row = {"patch": patch.name, "applies": True, "error": None,
-           "torch": "pass", "stock:torch": "fail", "jax": "-",
-           "verdict": "proven"}  # fmt: skip
+    row = {
+        "patch": patch.name,
+        "applies": True,
+        "error": None,
+        "torch": "pass",
+        "stock:torch": "fail",
+        "jax": "-",
+        "verdict": "proven",
+    }
     (layout.dist / f"pr-check-{base.version}.json").write_text(
         json.dumps({"rev": "master", "source": "checkout", "rows": [row]})
     )
@@ -407,10 +429,20 @@ def test_build_cli_reports_errors_without_traceback(upstream):
     layout, _, _ = upstream
     root = layout.pins.parent.parent
     proc = subprocess.run(
-        [sys.executable, "-m", "keras_fork", "--root", str(root), "build",
-         "--base", "0.0.1"],
-        capture_output=True, text=True, cwd=Path(__file__).parent.parent,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "keras_fork",
+            "--root",
+            str(root),
+            "build",
+            "--base",
+            "0.0.1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: unknown base version '0.0.1'")
     assert "Traceback" not in proc.stderr
@@ -454,10 +486,12 @@ def _repo_only_patch(layout, base, tmp_path):
     series.git(upstream, "tag", series.PRISTINE_TAG, env=env)
     (upstream / "examples/demo.py").write_text("step(training=True)\n")
     series.git(
-        upstream, "commit", "-qam",
+        upstream,
+        "commit",
+        "-qam",
         "Fix the demo\n\nFixes keras-team/keras#2\n\nFork-Fix: reverse",
         env=env,
-    )  # fmt: skip
+    )
     folder = series.series_dir(layout, base) / series.REPO_ONLY
     folder.mkdir()
     (made,) = series.format_patch(upstream, folder)
@@ -551,8 +585,7 @@ def test_status_leaves_out_test_files_the_sdist_lacks(upstream, tmp_path):
     f = tree / "keras/src/shuffle.py"
     f.write_text(f.read_text().replace("range(n)", "reversed(range(n))"))
     test_file.write_text("def test_order():\n    assert True\n")
-    series.git(tree, "commit", "-qam", "Reverse\n\nFork-Fix: reverse",
-               env=env)  # fmt: skip
+    series.git(tree, "commit", "-qam", "Reverse\n\nFork-Fix: reverse", env=env)
     patch = tmp_path / "reverse.patch"
     patch.write_text(series.git(tree, "format-patch", "-1", "--stdout"))
     nightly = tmp_path / "nightly"  # the base's sources, no test file
@@ -601,17 +634,24 @@ def test_format_patch_name_follows_git(tmp_path):
         series.git(tmp_path, "commit", "-qm", subject, env=env)
     out = tmp_path / "out"
     series.git(
-        tmp_path, "format-patch", "-q", "-o", str(out), "--root", "HEAD",
+        tmp_path,
+        "format-patch",
+        "-q",
+        "-o",
+        str(out),
+        "--root",
+        "HEAD",
         env=env,
-    )  # fmt: skip
+    )
     made = [f.name[5:] for f in sorted(out.glob("*.patch"))]
     assert made == [series.format_patch_name(s) for s in SUBJECTS]
 
 
 def test_fixes_is_claimed_once_per_issue_across_the_series():
     def info(subject, issue, closes):
-        return series.PatchInfo(subject, subject, subject, {}, issue, "",
-                                closes)  # fmt: skip
+        return series.PatchInfo(
+            subject, subject, subject, {}, issue, "", closes
+        )
 
     infos = [
         info("a", "keras-team/keras#7", True),
@@ -687,11 +727,14 @@ def test_export_keeps_the_test_hunks_a_tree_without_tests_lacks(upstream):
     "forwarded, applied, expected",
     [
         ("no", "no", "not-yet"),
-        ("https://github.com/keras-team/keras/pull/1", "no",
-         "submitted https://github.com/keras-team/keras/pull/1"),
+        (
+            "https://github.com/keras-team/keras/pull/1",
+            "no",
+            "submitted https://github.com/keras-team/keras/pull/1",
+        ),
         ("not-needed", "3.8.0", "fixed-upstream 3.8.0"),
     ],
-)  # fmt: skip
+)
 def test_status_shows_each_patch_s_upstream_status(
     tmp_path, forwarded, applied, expected
 ):
@@ -749,17 +792,19 @@ def test_pr_description_sections_follow_the_message_labels():
     headings: the problem opens the description, a Repro keeps its code
     block whole (blank lines and column-0 comments included), the change
     is "The fix", and behaviour changes and cost get their own."""
-    message = "\n\n".join([
-        "Shuffling ignores the seed. Four defects:",
-        "- one\n- two",
-        "Repro (KERAS_BACKEND=jax):",
-        "```python\nimport keras",
-        "# master: the same order\nassert order(1) != order(2)\n```",
-        "The order now comes from the seed.",
-        "Behavior change: another order for a given seed.",
-        "Cost: none.",
-        "Fixes keras-team/keras#1",
-    ])  # fmt: skip
+    message = "\n\n".join(
+        [
+            "Shuffling ignores the seed. Four defects:",
+            "- one\n- two",
+            "Repro (KERAS_BACKEND=jax):",
+            "```python\nimport keras",
+            "# master: the same order\nassert order(1) != order(2)\n```",
+            "The order now comes from the seed.",
+            "Behavior change: another order for a given seed.",
+            "Cost: none.",
+            "Fixes keras-team/keras#1",
+        ]
+    )
     info = series.PatchInfo("p.patch", "Shuffle", message, {}, None, "")
     text = "\n".join(prseries.description_sections(info))
     assert [h for h in text.split("\n") if h.startswith("##")] == [

@@ -91,8 +91,9 @@ def _venv_over_the_test_env(venv):
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
     def purelib(python):
-        out = subprocess.run([python, "-c", code], capture_output=True,
-                             text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, check=True
+        )
         return out.stdout.strip()
 
     pth = os.path.join(purelib(py), "zz_pinned_stack.pth")

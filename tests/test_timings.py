@@ -11,14 +11,21 @@ from keras_fork.recipe import pins
 
 
 def _junit(path, *times):
-    cases = "".join(f'<testcase name="t{i}" time="{t}"/>' for i, t in
-                    enumerate(times))  # fmt: skip
+    cases = "".join(
+        f'<testcase name="t{i}" time="{t}"/>' for i, t in enumerate(times)
+    )
     path.write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
 
 
 def _run(name, seconds, junit, multi=False, cells=1):
-    return {"run": name, "cells": cells, "multi_process": multi,
-            "outcome": "pass", "seconds": seconds, "junit": junit}  # fmt: skip
+    return {
+        "run": name,
+        "cells": cells,
+        "multi_process": multi,
+        "outcome": "pass",
+        "seconds": seconds,
+        "junit": junit,
+    }
 
 
 def test_the_breakdown_of_a_run(tmp_path):
@@ -47,11 +54,17 @@ def test_the_breakdown_of_a_run(tmp_path):
     m = got["matrix"]
     assert m["runs"] == 3
     assert m["single_process"] == {
-        "runs": 2, "seconds": 50.0, "tests": 34.0, "overhead": 16.0
-    }  # fmt: skip
+        "runs": 2,
+        "seconds": 50.0,
+        "tests": 34.0,
+        "overhead": 16.0,
+    }
     assert m["multi_process"] == {
-        "runs": 1, "seconds": 25.0, "tests": 20.0, "overhead": 5.0
-    }  # fmt: skip
+        "runs": 1,
+        "seconds": 25.0,
+        "tests": 20.0,
+        "overhead": 5.0,
+    }
     # 2 slots x 100 s, less 50 s of single runs and 2 x 25 s of the
     # multi-process run, which holds both slots.
     assert m["idle_slot_seconds"] == 100.0

@@ -69,5 +69,6 @@ def fit_and_evaluate(
         return_dict=return_dict,
     )
     weights = np.concatenate([np.ravel(w) for w in model.get_weights()])
-    return FitResult(weights, np.asarray(steps.losses), history.history,
-                     evaluated)  # fmt: skip
+    return FitResult(
+        weights, np.asarray(steps.losses), history.history, evaluated
+    )

@@ -53,6 +53,8 @@ DOCS_FILE = "benchmarks.md"
 # (case, workload, backend, topology, options). ``epochs`` (``repeats``) is
 # the turns each variant takes per round: more where a turn is short, so
 # that a round measures each variant for a few seconds at least.
+# A table, one case a row (two lines), kept so by the marker at its end:
+# ruff format would spread each row over 7 to 12 lines.
 CASES = [
     ("shuffle epoch, 10M samples", "shuffle", "jax", "1",
      {"samples": 10_000_000, "batch_size": 1024, "epochs": 5,
@@ -111,11 +113,19 @@ def _run_worker(
         variant_dir, overlay, topologies.env_for(backend, topology, accelerator)
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "keras_fork.bench.worker", workload,
-         json.dumps(opts)],
-        env=env, capture_output=True, text=True, cwd=pins.REPO_ROOT,
+        [
+            sys.executable,
+            "-m",
+            "keras_fork.bench.worker",
+            workload,
+            json.dumps(opts),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=pins.REPO_ROOT,
         timeout=900,
-    )  # fmt: skip
+    )
     if proc.returncode != 0:
         raise ForkError(
             f"benchmark {workload} ({backend}/{topology}) failed:\n"
@@ -150,9 +160,13 @@ class LiveWorker:
         self._out = tempfile.TemporaryFile("w+")
         self._err = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
-            cmd, env=env, stdout=self._out, stderr=self._err,
-            cwd=pins.REPO_ROOT, start_new_session=True,
-        )  # fmt: skip
+            cmd,
+            env=env,
+            stdout=self._out,
+            stderr=self._err,
+            cwd=pins.REPO_ROOT,
+            start_new_session=True,
+        )
         self._conn = None
         self._buffer = b""
 
@@ -361,8 +375,13 @@ def _measure_case(case, rounds, envs, cpu):
     """
     _, workload, backend, topology, opts = case
     opts = _with_settling_turn(opts)
-    cmd = [sys.executable, "-m", "keras_fork.bench.worker", workload,
-           json.dumps(opts)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "keras_fork.bench.worker",
+        workload,
+        json.dumps(opts),
+    ]
     label = f"{workload}, {backend}/{topology}"
     times = {"stock": [], "fork": []}
     peaks = {"stock": [], "fork": []}
@@ -508,9 +527,14 @@ def run_work(layout, base, accelerator, cases, console):
         row = {"case": case, "backend": backend, "topology": topology}
         for variant in ("stock", "fork"):
             result = _run_worker(
-                dirs[variant], overlay, workload, backend, topology, opts,
+                dirs[variant],
+                overlay,
+                workload,
+                backend,
+                topology,
+                opts,
                 accelerator,
-            )  # fmt: skip
+            )
             row[f"{variant}_calls"] = min(result["calls_per_step"])
             row[f"{variant}_calls_max"] = max(result["calls_per_step"])
             row[f"{variant}_graph"] = result["graph"]

@@ -43,9 +43,11 @@ def add_arguments(p) -> None:
     """``prove``'s filters (``prove.add_filters``) and ``--way``."""
     prove.add_filters(p)
     p.add_argument(
-        "--way", action="append", choices=list(WAYS),
+        "--way",
+        action="append",
+        choices=list(WAYS),
         help="only this way (repeatable; grouped always runs)",
-    )  # fmt: skip
+    )
 
 
 def measure(p: prove.Plan, way: str, args, layout, console) -> dict:
@@ -61,8 +63,9 @@ def measure(p: prove.Plan, way: str, args, layout, console) -> dict:
         todo = [g.alone(c) for g in p.groups for c in g.cells]
     q = dataclasses.replace(p, groups=todo, extra_env=p.extra_env + env)
     variants = args.variant or list(VARIANTS)
-    rows = {c.key: prove.new_row(c, p.accelerator, {}, p, variants)
-            for c in p.cells}  # fmt: skip
+    rows = {
+        c.key: prove.new_row(c, p.accelerator, {}, p, variants) for c in p.cells
+    }
     out = dataclasses.replace(
         layout, dist=layout.dist / "bench-matrix" / way.replace(" ", "-")
     )
@@ -104,8 +107,13 @@ def main(args, layout: pins.Layout) -> int:
     for col in ("way", "processes", "wall s", f"/ {NOW}", "verdicts"):
         t.add_column(col)
     for r in records:
-        t.add_row(r["way"], str(r["processes"]), f"{r['wall']:.0f}",
-                  str(r["ratio"]), r["totals"])  # fmt: skip
+        t.add_row(
+            r["way"],
+            str(r["processes"]),
+            f"{r['wall']:.0f}",
+            str(r["ratio"]),
+            r["totals"],
+        )
     Console(highlight=False).print(t)
     differs = [
         f"differs: {key}: {r['way']}: {verdict}, {NOW}: {now['verdicts'][key]}"

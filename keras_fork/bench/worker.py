@@ -251,8 +251,11 @@ class TFReductionCounter:
             if pairs_at is not None and len(args) > pairs_at:
                 # (value, destination) pairs may come as a generator, which
                 # counting them would use up.
-                args = (*args[:pairs_at], list(args[pairs_at]),
-                        *args[pairs_at + 1 :])  # fmt: skip
+                args = (
+                    *args[:pairs_at],
+                    list(args[pairs_at]),
+                    *args[pairs_at + 1 :],
+                )
             if counter._counts():
                 where = _tf_in_step_graph()
                 bucket = {None: counter.eager, True: counter.traced}.get(where)
@@ -274,8 +277,11 @@ class TFReductionCounter:
         ext, ctx = tf.distribute.StrategyExtended, tf.distribute.ReplicaContext
         strategy = tf.distribute.Strategy
         self._saved = (
-            ext.reduce_to, ext.batch_reduce_to, ctx.all_reduce, strategy.reduce
-        )  # fmt: skip
+            ext.reduce_to,
+            ext.batch_reduce_to,
+            ctx.all_reduce,
+            strategy.reduce,
+        )
         strategy.reduce = self._wrap(strategy.reduce, lambda a: 1)
         ext.reduce_to = self._wrap(ext.reduce_to, lambda a: 1)
         ext.batch_reduce_to = self._wrap(
@@ -291,8 +297,12 @@ class TFReductionCounter:
 
         ext, ctx = tf.distribute.StrategyExtended, tf.distribute.ReplicaContext
         strategy = tf.distribute.Strategy
-        (ext.reduce_to, ext.batch_reduce_to, ctx.all_reduce,
-         strategy.reduce) = self._saved  # fmt: skip
+        (
+            ext.reduce_to,
+            ext.batch_reduce_to,
+            ctx.all_reduce,
+            strategy.reduce,
+        ) = self._saved
 
 
 def _digest(lines):

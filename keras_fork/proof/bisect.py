@@ -96,8 +96,9 @@ def touched_test_files(patches: list[Path]) -> list[str]:
     """Paths of the ``*_test.py`` files the patches change, in order."""
     files = []
     for patch in patches:
-        for path in re.findall(r"^\+\+\+ b/(\S+_test\.py)$", patch.read_text(),
-                               flags=re.M):  # fmt: skip
+        for path in re.findall(
+            r"^\+\+\+ b/(\S+_test\.py)$", patch.read_text(), flags=re.M
+        ):
             if path not in files:
                 files.append(path)
     return files
@@ -164,12 +165,7 @@ def prepare_prefix(
         mine = [t for t in tests if backend in backends_for(t, backends)]
         if not mine:
             continue
-        work = tmp / f"tests-{backend}"
-        work.mkdir()
-        for t in mine:
-            shutil.copyfile(tree / t, work / Path(t).name)
-        (work / "pytest.ini").write_text("[pytest]\n")
-        (work / "conftest.py").write_text(CONFTEST)
+        work = _test_root(tree, mine, tmp / f"tests-{backend}")
         for label, topo_env, select in _passes(backend, tree, mine):
             env = variants.child_env(
                 target,
@@ -182,22 +178,61 @@ def prepare_prefix(
                     "-k",
                     added_test_selection(patches[-1], mine),
                 ]
-            cmd = (sys.executable, "-m", "pytest", "-q", "-p",
-                   "no:cacheprovider", "--rootdir", str(work), *select,
-                   str(work))  # fmt: skip
-            runs.append(PrefixRun(k, label, cmd, env, work))
+            runs.append(
+                PrefixRun(k, label, _pytest_cmd(work, select), env, work)
+            )
     if runs:
         _install(whl, target)
     return runs
 
 
+def _test_root(tree: Path, files: list[str], work: Path) -> Path:
+    """Copies ``files`` (paths in ``tree``) into ``work``, a pytest root of
+    their own (an empty ``pytest.ini``, the bisect ``conftest.py``);
+    returns ``work``."""
+    work.mkdir()
+    for t in files:
+        shutil.copyfile(tree / t, work / Path(t).name)
+    (work / "pytest.ini").write_text("[pytest]\n")
+    (work / "conftest.py").write_text(CONFTEST)
+    return work
+
+
+def _pytest_cmd(work: Path, select: list[str]) -> tuple[str, ...]:
+    """The pytest command line of one run: the tests in ``work`` that
+    ``select`` (pytest options) picks, ``work`` its root."""
+    return (
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(work),
+        *select,
+        str(work),
+    )
+
+
 def _install(whl: Path, target: Path) -> None:
     """``pip install --no-deps --target`` of a prefix's wheel."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-         "--disable-pip-version-check", "--target", str(target), str(whl)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(whl),
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 def _build_prefix(layout, base, patches, tmp: Path):
@@ -257,9 +292,14 @@ def _pytest(cmd, env, cwd, timeout) -> tuple[int | None, str]:
     """
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(
-            cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
-        )  # fmt: skip
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -325,6 +365,34 @@ def main(args, layout: pins.Layout) -> int:
     return 1 if bad else 0
 
 
+def _queue_prefixes(pool, layout, bases, args, tmp: Path):
+    """Submits to ``pool`` the build (``prepare_prefix``) of every shorter
+    prefix of each base's series, each in its own folder under ``tmp``.
+
+    Returns:
+        ``(jobs, lengths)``: ``{job: (base, None)}`` of the submitted
+        builds, and each base version's series length.
+    """
+    backends = args.backend or BACKENDS
+    jobs, lengths = {}, {}
+    for base in bases:
+        n = len(series.read_series(layout, base))
+        lengths[base.version] = n
+        for k in range(1, n):
+            folder = tmp / base.version / f"prefix-{k}"
+            job = pool.submit(
+                prepare_prefix,
+                layout,
+                base,
+                k,
+                backends,
+                folder,
+                args.whole_files,
+            )
+            jobs[job] = (base, None)
+    return jobs, lengths
+
+
 def bisect_bases(layout, bases, args, console) -> list[str]:
     """Builds every shorter prefix of each base's series and runs its tests.
 
@@ -341,23 +409,15 @@ def bisect_bases(layout, bases, args, console) -> list[str]:
     Raises:
         ForkError: a prefix does not apply or does not build.
     """
-    backends = args.backend or BACKENDS
-    # Per base version: its series' length n (prefixes 1..n-1 are built)
-    # and how many of its test runs have finished.
-    bad, lengths, ran = [], {}, {}
+    bad = []
     with (
         tempfile.TemporaryDirectory(prefix="bisect.") as tmp,
         ThreadPoolExecutor(args.jobs) as pool,
     ):
-        jobs = {}
-        for base in bases:
-            n = len(series.read_series(layout, base))
-            lengths[base.version], ran[base.version] = n, 0
-            for k in range(1, n):
-                folder = Path(tmp) / base.version / f"prefix-{k}"
-                job = pool.submit(prepare_prefix, layout, base, k, backends,
-                                  folder, args.whole_files)  # fmt: skip
-                jobs[job] = (base, None)
+        # Per base version: its series' length n (prefixes 1..n-1 are
+        # built) and how many of its test runs have finished.
+        jobs, lengths = _queue_prefixes(pool, layout, bases, args, Path(tmp))
+        ran = dict.fromkeys(lengths, 0)
         try:
             while jobs:
                 done, _ = wait(jobs, return_when=FIRST_COMPLETED)

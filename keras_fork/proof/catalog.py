@@ -256,8 +256,16 @@ def _print(rows: list[dict]) -> None:
     from rich.table import Table
 
     t = Table(title="fixes (integration_tests/fixes/<id>/fix.toml)")
-    for col in ("fix", "bases", "issue", "upstream", "proven", "guard",
-                "n/a", "patches"):  # fmt: skip
+    for col in (
+        "fix",
+        "bases",
+        "issue",
+        "upstream",
+        "proven",
+        "guard",
+        "n/a",
+        "patches",
+    ):
         t.add_column(col)
     for r in rows:
         c = r["cells"]
@@ -266,9 +274,16 @@ def _print(rows: list[dict]) -> None:
             for v, names in r["patches"].items()
             for name in names
         )
-        t.add_row(r["id"], ", ".join(r["bases"]), r["issue"], r["upstream"],
-                  str(c["proven"]), str(c["guard"]), str(c["n/a"]),
-                  patches or "-")  # fmt: skip
+        t.add_row(
+            r["id"],
+            ", ".join(r["bases"]),
+            r["issue"],
+            r["upstream"],
+            str(c["proven"]),
+            str(c["guard"]),
+            str(c["n/a"]),
+            patches or "-",
+        )
     Console(highlight=False).print(t)
     sources = {r["cells"]["source"] for r in rows}
     print(f"cell counts from: {', '.join(sorted(sources))}")

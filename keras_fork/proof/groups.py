@@ -129,7 +129,7 @@ def plan_groups(
             *key,
             tuple(c for c, _ in members),
             tuple(u for _, u in members if u is not None),
-        )  # fmt: skip
+        )
         for key, members in groups.items()
     ]
 
@@ -235,10 +235,13 @@ def culprits(group: Group, nodeid: str | None) -> list[Cell]:
     case = {"fix": None, "file": str(path), "name": name}
     if not group.units:
         case["fix"] = next(
-            (c.fix for c in group.cells
-             if path.parent.name == c.fix.replace("-", "_")),
+            (
+                c.fix
+                for c in group.cells
+                if path.parent.name == c.fix.replace("-", "_")
+            ),
             None,
-        )  # fmt: skip
+        )
     return [c for c in group.cells if owns(group, c, case)]
 
 

@@ -109,8 +109,9 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
     todo.sort(
         key=lambda g: (g.multi_process, -groups_lib.estimate(g, previous))
     )
-    return Plan(cells, accelerator, bases, installed, overlays, units, todo,
-                jobs)  # fmt: skip
+    return Plan(
+        cells, accelerator, bases, installed, overlays, units, todo, jobs
+    )
 
 
 def new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
@@ -144,10 +145,13 @@ def _where(p: Plan, group, layout) -> runner.Where:
     base = p.bases[group.base]
     version = base.fork_version if group.variant == "fork" else base.version
     return runner.Where(
-        p.installed[group.base][group.variant], version,
-        p.overlays[group.base], layout.fixes, p.accelerator,
+        p.installed[group.base][group.variant],
+        version,
+        p.overlays[group.base],
+        layout.fixes,
+        p.accelerator,
         tuple(variants_lib.compile_cache_env(layout).items()) + p.extra_env,
-    )  # fmt: skip
+    )
 
 
 def resolve(group, run: dict) -> tuple[dict, list]:
@@ -175,9 +179,11 @@ def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
     def run(group):
         with slots.hold(p.jobs if group.multi_process else 1):
             return runner.run_group(
-                group, _where(p, group, layout),
-                junit_dir / f"{group.slug}.xml", args.timeout,
-            )  # fmt: skip
+                group,
+                _where(p, group, layout),
+                junit_dir / f"{group.slug}.xml",
+                args.timeout,
+            )
 
     summaries = []
     with (
@@ -240,8 +246,9 @@ def settle(p: Plan, rows: dict, console) -> None:
         row = rows[cell.key]
         for variant, run in row["runs"].items():
             if cell.expect != "n/a" and "cases" in run:
-                _print_run(console, f"{cell.slug} {variant}", run, "",
-                           run["detail"])  # fmt: skip
+                _print_run(
+                    console, f"{cell.slug} {variant}", run, "", run["detail"]
+                )
         unit = p.units.get(cell.key)
         stock_run = row["runs"].get("stock", {})
         # Upstream-style unit tests carry no proof/guard roles: a patch's
@@ -284,15 +291,28 @@ def _print_table(rows: list[dict]) -> None:
     from rich.table import Table
 
     t = Table(title="proof matrix (dist/proof.json)")
-    for col in ("base", "fix", "backend", "topology", "stock", "fork",
-                "verdict"):  # fmt: skip
+    for col in (
+        "base",
+        "fix",
+        "backend",
+        "topology",
+        "stock",
+        "fork",
+        "verdict",
+    ):
         t.add_column(col)
     colors = {"proven": "green", "guard": "cyan", "n/a": "dim"}
     for r in rows:
         color = colors.get(r["verdict"], "bold red")
-        t.add_row(r["base"], r["fix"], r["backend"], r["topology"],
-                  r["stock"] or "-", r["fork"] or "-",
-                  f"[{color}]{r['verdict']}[/]")  # fmt: skip
+        t.add_row(
+            r["base"],
+            r["fix"],
+            r["backend"],
+            r["topology"],
+            r["stock"] or "-",
+            r["fork"] or "-",
+            f"[{color}]{r['verdict']}[/]",
+        )
     Console(highlight=False).print(t)
 
 

@@ -170,8 +170,14 @@ def run_variant(
 ) -> dict:
     """Runs one variant of one cell alone (``run_group`` of a one-cell
     group, the fix folders of this repository)."""
-    group = Group(cell.base, variant, cell.backend, cell.topology, (cell,),
-                  (unit,) if unit is not None else ())  # fmt: skip
+    group = Group(
+        cell.base,
+        variant,
+        cell.backend,
+        cell.topology,
+        (cell,),
+        (unit,) if unit is not None else (),
+    )
     fixes = pins.REPO_ROOT / "integration_tests" / "fixes"
     where = Where(keras_dir, keras_version, overlay, fixes, accelerator)
     return run_group(group, where, junit, timeout)
@@ -181,11 +187,20 @@ def _pytest_command(group: Group, unit, fixes: Path, junit, timeout):
     """The pytest command line of one run (``unit``: ``group.unit``), and
     its working folder."""
     cmd = [
-        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-        "-p", progress_plugin.__name__,
-        "-rfE", f"--junitxml={junit}", "-o", "junit_family=xunit1",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-p",
+        progress_plugin.__name__,
+        "-rfE",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit1",
         f"--timeout={int(timeout)}",
-    ]  # fmt: skip
+    ]
     if unit is None:
         folders = {fixes / fix.replace("-", "_") for fix in group.fixes}
         return cmd + [str(f) for f in sorted(folders)], pins.REPO_ROOT

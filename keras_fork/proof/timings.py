@@ -184,12 +184,17 @@ def _print(summary: dict) -> None:
     for kind in ("single_process", "multi_process"):
         part = m[kind]
         name = kind.replace("_", "-")
-        t.add_row(f"matrix, {part['runs']} {name} runs: tests",
-                  f"{part['tests']:.0f}")  # fmt: skip
-        t.add_row(f"matrix, {name} runs: start-up, imports, collection",
-                  f"{part['overhead']:.0f}")  # fmt: skip
-    t.add_row(f"matrix: idle slot time ({m['jobs']} slots)",
-              f"{m['idle_slot_seconds']:.0f}")  # fmt: skip
+        t.add_row(
+            f"matrix, {part['runs']} {name} runs: tests", f"{part['tests']:.0f}"
+        )
+        t.add_row(
+            f"matrix, {name} runs: start-up, imports, collection",
+            f"{part['overhead']:.0f}",
+        )
+    t.add_row(
+        f"matrix: idle slot time ({m['jobs']} slots)",
+        f"{m['idle_slot_seconds']:.0f}",
+    )
     Console(highlight=False).print(t)
     for r in summary["longest_runs"]:
         print(f"  {r['seconds']:7.1f} s  {r['label']}")

@@ -221,11 +221,22 @@ def _install_into(dest: Path, sources: list[str], digest: str, what: str):
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-             "--no-build-isolation", "--disable-pip-version-check",
-             "--target", str(tmp), *sources],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "--disable-pip-version-check",
+                "--target",
+                str(tmp),
+                *sources,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise ForkError(f"installing {what} failed:\n{proc.stderr[-2000:]}")
         (tmp / ".source-sha256").write_text(digest)

@@ -147,16 +147,18 @@ def _proof_lines(info: series.PatchInfo, base: Base, cells: list[dict]):
             "of the cover letter applied (this PR and the others); "
             f"topologies: {TOPOLOGY_LEGEND}.",
             "",
-            "| " + ("fix | " if several else "")
+            "| "
+            + ("fix | " if several else "")
             + "backend | topology | stock | patched | verdict |",
             "|---" * (6 if several else 5) + "|",
-        ]  # fmt: skip
+        ]
         lines += [
-            "| " + (f"{c['fix']} | " if several else "")
+            "| "
+            + (f"{c['fix']} | " if several else "")
             + f"{c['backend']} | {c['topology']} | {c['stock']} | "
             f"{c['fork']} | {c['verdict']} |"
             for c in run
-        ]  # fmt: skip
+        ]
         if len(run) < len(rows):
             lines += ["", f"({len(rows) - len(run)} more cells do not apply.)"]
         lines.append("")
@@ -385,16 +387,20 @@ def diffstat(patches: list[Path]) -> str:
     for patch in patches:
         out = subprocess.run(
             ["git", "apply", "--numstat", str(patch)],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for line in out.splitlines():
             plus, minus, path = line.split("\t", 2)
             row = added.setdefault(path, [0, 0])
             row[0] += int(plus) if plus.isdigit() else 0
             row[1] += int(minus) if minus.isdigit() else 0
     width = max((len(p) for p in added), default=0)
-    lines = [f" {p:<{width}} | {a + d:5d} (+{a} -{d})"
-             for p, (a, d) in sorted(added.items())]  # fmt: skip
+    lines = [
+        f" {p:<{width}} | {a + d:5d} (+{a} -{d})"
+        for p, (a, d) in sorted(added.items())
+    ]
     ins = sum(a for a, _ in added.values())
     dels = sum(d for _, d in added.values())
     lines.append(

@@ -69,12 +69,15 @@ def _scaffold_tests(work: Path, old_tree: Path, patches, env) -> int:
     if files:
         series.git(work, "add", *files, env=env)
         series.git(
-            work, "commit", "-q", "-m",
+            work,
+            "commit",
+            "-q",
+            "-m",
             "Test files of the old base that the series changes\n\n"
             "The new base's sdist ships no test files; these give the "
             "series' test hunks their context.",
             env=env,
-        )  # fmt: skip
+        )
     return len(files)
 
 
@@ -105,11 +108,14 @@ def start(layout: pins.Layout, old: pins.Base, new: pins.Base) -> Path:
     if _scaffold_tests(work, old_tree, patches, env):
         series.git(work, "tag", "-f", series.PRISTINE_TAG, env=env)
     series.git(
-        work, "fetch", "-q", str(old_tree),
+        work,
+        "fetch",
+        "-q",
+        str(old_tree),
         f"main:refs/heads/{old.version}",
         f"refs/tags/{series.PRISTINE_TAG}:refs/tags/{OLD_PRISTINE}",
         env=env,
-    )  # fmt: skip
+    )
     series.git(work, "checkout", "-q", "-B", "main", old.version, env=env)
     return work
 
@@ -210,10 +216,16 @@ def main(args, layout: pins.Layout) -> int:
     else:
         work = start(layout, old, new)
         finished = _rebase(
-            work, env, "--reapply-cherry-picks", "--empty=ask",
+            work,
+            env,
+            "--reapply-cherry-picks",
+            "--empty=ask",
             "--committer-date-is-author-date",
-            "--onto", series.PRISTINE_TAG, OLD_PRISTINE, "main",
-        )  # fmt: skip
+            "--onto",
+            series.PRISTINE_TAG,
+            OLD_PRISTINE,
+            "main",
+        )
     if not finished:
         print(f"rebase of {old.version}'s series onto {new.version} stopped:")
         print(describe_stop(work))

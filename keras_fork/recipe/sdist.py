@@ -87,11 +87,19 @@ def _check(base: Base, path: Path, origin: str) -> None:
 
 def _pip_download(base: Base, dest: Path) -> Path:
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps",
-        "--no-binary", ":all:", "--no-build-isolation",
-        "--disable-pip-version-check", "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--no-build-isolation",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
         base.requirement,
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = dest / base.sdist_name
     if proc.returncode != 0 or not found.is_file():

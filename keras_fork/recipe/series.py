@@ -184,8 +184,11 @@ def parse_patch(path: Path) -> PatchInfo:
                 trailers[key] = ", ".join(
                     filter(None, (trailers.get(key), value))
                 )
-        rest = [ln for ln in last if _TRAILER.match(ln).group(1)
-                not in FORK_TRAILERS]  # fmt: skip
+        rest = [
+            ln
+            for ln in last
+            if _TRAILER.match(ln).group(1) not in FORK_TRAILERS
+        ]
         kept = paragraphs[:-1] + (["\n".join(rest)] if rest else [])
     message = "\n\n".join(kept).strip()
     fixes = _FIXES.search(message)
@@ -335,10 +338,20 @@ def not_alone(tree: Path, patches: list[Path]) -> list[str]:
         for patch in patches:
             excludes = [f"--exclude={p}" for p in missing_tests(tree, patch)]
             proc = subprocess.run(
-                ["git", "-C", str(tree), "apply", "--cached", "--check",
-                 *excludes, str(patch.resolve())],
-                capture_output=True, text=True, env=env,
-            )  # fmt: skip
+                [
+                    "git",
+                    "-C",
+                    str(tree),
+                    "apply",
+                    "--cached",
+                    "--check",
+                    *excludes,
+                    str(patch.resolve()),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             if proc.returncode:
                 error = (proc.stderr.strip().splitlines() or ["?"])[0]
                 failed.append(f"{patch.name}: {error}")
@@ -365,11 +378,14 @@ def init_pristine(work: Path, base: Base, archive: Path, env) -> None:
     git(work, "init", "-q", "-b", "main", env=env)
     git(work, "add", "-A", env=env)
     git(
-        work, "commit", "-q", "-m",
+        work,
+        "commit",
+        "-q",
+        "-m",
         f"Keras {base.version}: pristine PyPI sdist\n\n"
         f"sha256 {base.sdist_sha256}",
         env=env,
-    )  # fmt: skip
+    )
     git(work, "tag", PRISTINE_TAG, env=env)
 
 
@@ -409,10 +425,21 @@ def materialize(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
             absent = [] if base.sdist_tests else missing_tests(work, patch)
             excludes = [f"--exclude={f}" for f in absent]
             proc = subprocess.run(
-                ["git", "-C", str(work), "am", "-q", "--keep", *excludes,
-                 "--committer-date-is-author-date", str(patch.resolve())],
-                capture_output=True, text=True, env=env,
-            )  # fmt: skip
+                [
+                    "git",
+                    "-C",
+                    str(work),
+                    "am",
+                    "-q",
+                    "--keep",
+                    *excludes,
+                    "--committer-date-is-author-date",
+                    str(patch.resolve()),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             if proc.returncode != 0:
                 out = proc.stdout + proc.stderr
                 raise ForkError(
@@ -432,9 +459,14 @@ def format_patch(tree: Path, out: Path, flags=EXPORT_FLAGS) -> list[Path]:
     """
     epoch_env = git_env(0)
     git(
-        tree, "format-patch", *flags, "-o", str(out),
-        f"{PRISTINE_TAG}..HEAD", env=epoch_env,
-    )  # fmt: skip
+        tree,
+        "format-patch",
+        *flags,
+        "-o",
+        str(out),
+        f"{PRISTINE_TAG}..HEAD",
+        env=epoch_env,
+    )
     return sorted(out.glob("*.patch"))
 
 
@@ -568,9 +600,10 @@ def check(layout: Layout, base: Base, tree: Path) -> list[str]:
         if not base.sdist_tests:  # the tree has the source hunks only
             theirs = {
                 n: without_files(t, missing_tests(tree, folder / n))
-                if n.endswith(".patch") else t
+                if n.endswith(".patch")
+                else t
                 for n, t in theirs.items()
-            }  # fmt: skip
+            }
     return sorted(
         n for n in set(ours) | set(theirs) if ours.get(n) != theirs.get(n)
     )

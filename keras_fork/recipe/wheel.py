@@ -44,9 +44,15 @@ def _stage(tree: Path, dest: Path, base: Base) -> None:
     """Exports HEAD of ``tree`` into ``dest`` with the fork version set."""
     archive = dest.parent / "tree.tar"
     series.git(
-        tree, "-c", "tar.umask=0022", "archive", "--format=tar",
-        "-o", str(archive), "HEAD",
-    )  # fmt: skip
+        tree,
+        "-c",
+        "tar.umask=0022",
+        "archive",
+        "--format=tar",
+        "-o",
+        str(archive),
+        "HEAD",
+    )
     with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="data")
     version_py = dest / VERSION_FILE
@@ -107,6 +113,41 @@ def patch_manifest(layout: Layout, base: Base) -> list[dict]:
     return out
 
 
+def _build_unpacked(tree: Path, tmp: Path, base: Base, env) -> None:
+    """Stages ``tree`` in ``tmp/src``, builds its wheel into ``tmp/built``
+    with the ``build`` frontend and unpacks it into ``tmp/unpacked``."""
+    stage = tmp / "src"
+    _stage(tree, stage, base)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(tmp / "built"),
+            str(stage),
+        ],
+        f"building the wheel of base {base.version}",
+        env=env,
+    )
+    (built,) = (tmp / "built").glob("*.whl")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "wheel",
+            "unpack",
+            "-d",
+            str(tmp / "unpacked"),
+            str(built),
+        ],
+        "unpacking the wheel",
+        env=env,
+    )
+
+
 def _add_manifest(tmp: Path, base: Base, manifest: list, env) -> None:
     """Writes ``FORK_PATCHES.json`` into the unpacked wheel under
     ``tmp/unpacked`` and packs it again into ``tmp/packed``."""
@@ -114,17 +155,30 @@ def _add_manifest(tmp: Path, base: Base, manifest: list, env) -> None:
     (info,) = root.glob("*.dist-info")
     (info / MANIFEST).write_text(
         json.dumps(
-            {"base": base.version, "version": base.fork_version,
-             "patches": manifest},
-            indent=2, sort_keys=True,
-        ) + "\n"
-    )  # fmt: skip
+            {
+                "base": base.version,
+                "version": base.fork_version,
+                "patches": manifest,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     (tmp / "packed").mkdir()
     _run(
-        [sys.executable, "-m", "wheel", "pack", "-d",
-         str(tmp / "packed"), str(root)],
-        "repacking the wheel", env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "wheel",
+            "pack",
+            "-d",
+            str(tmp / "packed"),
+            str(root),
+        ],
+        "repacking the wheel",
+        env=env,
+    )
 
 
 def build(
@@ -153,19 +207,7 @@ def build(
             dir=layout.build, prefix=".wheel."
         ) as tmp:
             tmp = Path(tmp)
-            stage = tmp / "src"
-            _stage(tree, stage, base)
-            _run(
-                [sys.executable, "-m", "build", "--wheel", "--no-isolation",
-                 "--outdir", str(tmp / "built"), str(stage)],
-                f"building the wheel of base {base.version}", env=env,
-            )  # fmt: skip
-            (built,) = (tmp / "built").glob("*.whl")
-            _run(
-                [sys.executable, "-m", "wheel", "unpack", "-d",
-                 str(tmp / "unpacked"), str(built)],
-                "unpacking the wheel", env=env,
-            )  # fmt: skip
+            _build_unpacked(tree, tmp, base, env)
             _add_manifest(tmp, base, manifest, env)
             (packed,) = (tmp / "packed").glob("*.whl")
             if packed.name != base.wheel_name:

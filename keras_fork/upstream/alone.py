@@ -118,8 +118,9 @@ def _union(ours: list[str], base: list[str], theirs: list[str]) -> list[str]:
             path.write_text("".join(lines))
         proc = subprocess.run(
             ["git", "merge-file", "-p", "--union", *map(str, paths)],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+        )
     return proc.stdout.splitlines(True)
 
 
@@ -200,15 +201,19 @@ def rewrite(tree: Path, commit: str, patches: list[Path]) -> dict[Path, str]:
 def add_arguments(p) -> None:
     p.add_argument("--base", required=True, help="a base without test files")
     p.add_argument(
-        "--upstream-repo", required=True, type=Path,
+        "--upstream-repo",
+        required=True,
+        type=Path,
         help="a Keras git clone (not bare)",
-    )  # fmt: skip
+    )
     p.add_argument("--rev", default="master", help="revision (default master)")
     p.add_argument(
-        "--source", choices=checkout.SOURCES, default="base",
+        "--source",
+        choices=checkout.SOURCES,
+        default="base",
         help="the checkout's source as it is, or the base's over it "
         "(default: base)",
-    )  # fmt: skip
+    )
 
 
 def main(args, layout: pins.Layout) -> int:

@@ -28,8 +28,10 @@ def git(repo: Path, *args: str, input: str | None = None):
     never raising; the ``subprocess.CompletedProcess``."""
     return subprocess.run(
         ["git", "-C", str(repo), *args],
-        capture_output=True, text=True, input=input,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        input=input,
+    )
 
 
 def apply(tree: Path, diff: str, *flags: str) -> tuple[bool, list[str]]:
@@ -81,10 +83,16 @@ def _base_source(worktree: Path, layout: pins.Layout, base: pins.Base):
             dest.write_bytes((unpacked / rel).read_bytes())
     git(worktree, "add", "-A", "keras")
     proc = git(
-        worktree, "-c", "user.name=keras-fork", "-c",
-        "user.email=keras-fork@example.invalid", "commit", "-q", "-m",
+        worktree,
+        "-c",
+        "user.name=keras-fork",
+        "-c",
+        "user.email=keras-fork@example.invalid",
+        "commit",
+        "-q",
+        "-m",
         f"{base.requirement} source on this checkout's test files",
-    )  # fmt: skip
+    )
     if proc.returncode:
         raise ForkError(f"could not commit the base's source: {proc.stderr}")
 

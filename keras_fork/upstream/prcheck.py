@@ -110,9 +110,18 @@ def run_tests(worktree: Path, patch: Path, backends, timeout=TIMEOUT) -> dict:
         results, logs = [], []
         for _, pass_env, extra in bisect._passes(backend, worktree, mine):
             env = dict(os.environ, PYTHONPATH=str(worktree), **pass_env)
-            cmd = [sys.executable, "-m", "pytest", "-q", "-p",
-                   "no:cacheprovider", *mine, "-k", selection,
-                   *extra]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                *mine,
+                "-k",
+                selection,
+                *extra,
+            ]
             code, last = bisect._pytest(cmd, env, worktree, timeout)
             logs.append(last)
             if code is None:
@@ -152,8 +161,11 @@ def check(
         for patch in patches:
             checkout.reset(tree, commit)
             error = apply_alone(tree, patch)
-            row = {"patch": patch.name, "applies": error is None,
-                   "error": error}  # fmt: skip
+            row = {
+                "patch": patch.name,
+                "applies": error is None,
+                "error": error,
+            }
             if error is None:
                 row.update(run_tests(tree, patch, backends))
                 _stock_side(tree, commit, patch, backends, row)
@@ -215,12 +227,19 @@ def main(args, layout: pins.Layout) -> int:
     backends = tuple(args.backend or BACKENDS)
     patches = series.read_series(layout, base)
     rows = check(
-        args.upstream_repo, args.rev, patches, backends, args.source,
-        layout, base,
-    )  # fmt: skip
-    where = args.rev if args.source == "checkout" else (
-        f"{base.version}'s source on {args.rev}'s tests"
-    )  # fmt: skip
+        args.upstream_repo,
+        args.rev,
+        patches,
+        backends,
+        args.source,
+        layout,
+        base,
+    )
+    where = (
+        args.rev
+        if args.source == "checkout"
+        else f"{base.version}'s source on {args.rev}'s tests"
+    )
     table = Table(title=f"each PR of {base.version} alone on {where}")
     for col in ("PR", "applies", *backends, "verdict"):
         table.add_column(col)

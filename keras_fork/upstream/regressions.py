@@ -162,8 +162,9 @@ def default_files(tree: Path, patches: list[Path], backend: str) -> list[str]:
     relative to the tree, sorted."""
     files = set()
     for patch in patches:
-        for path in re.findall(r"^\+\+\+ b/(keras/\S+\.py)$",
-                               patch.read_text(), flags=re.M):  # fmt: skip
+        for path in re.findall(
+            r"^\+\+\+ b/(keras/\S+\.py)$", patch.read_text(), flags=re.M
+        ):
             test = path if path.endswith("_test.py") else path[:-3] + "_test.py"
             if (tree / test).is_file():
                 files.add(test)
@@ -235,7 +236,7 @@ def add_upstream_tests(tree: Path, repo: Path, rev: str) -> int:
         n
         for n in series.git(
             repo, "ls-tree", "-r", "--name-only", rev, "keras"
-        ).split()  # fmt: skip
+        ).split()
         if n.endswith("_test.py")
     ]
     if not names:
@@ -268,12 +269,23 @@ def run_side(work: Path, env: dict, junit: Path, timeout: int, limit: float):
     ``limit`` seconds)."""
     junit.unlink(missing_ok=True)
     cmd = [
-        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-        "--import-mode=importlib", "-rfE", f"--junitxml={junit}",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--import-mode=importlib",
+        "-rfE",
+        f"--junitxml={junit}",
         "--continue-on-collection-errors",
-        "-o", "junit_family=xunit1", f"--timeout={timeout}",
-        "--rootdir", str(work), str(work),
-    ]  # fmt: skip
+        "-o",
+        "junit_family=xunit1",
+        f"--timeout={timeout}",
+        "--rootdir",
+        str(work),
+        str(work),
+    ]
     return run_bounded(cmd, work, env, junit.with_suffix(".log"), limit)
 
 
@@ -361,8 +373,14 @@ def main(args, layout: pins.Layout) -> int:
         with ThreadPoolExecutor(len(SIDES)) as pool:
             for side in SIDES:
                 env = _env(layout, base, side, backend, overlay)
-                pool.submit(run_side, work, env, junits[side], args.timeout,
-                            args.run_timeout)  # fmt: skip
+                pool.submit(
+                    run_side,
+                    work,
+                    env,
+                    junits[side],
+                    args.timeout,
+                    args.run_timeout,
+                )
         result = compare(*(_outcomes(junits[s]) for s in SIDES))
         result = set_apart(result, changed)
         report["backends"][backend] = dict(

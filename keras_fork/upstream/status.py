@@ -40,11 +40,17 @@ def classify(tree: Path, patch: Path) -> str:
 
     def ok(*flags):
         proc = subprocess.run(
-            ["git", "apply", "--check", *excludes, *flags,
-             str(patch.resolve())],
+            [
+                "git",
+                "apply",
+                "--check",
+                *excludes,
+                *flags,
+                str(patch.resolve()),
+            ],
             cwd=tree,
             capture_output=True,
-        )  # fmt: skip
+        )
         return proc.returncode == 0
 
     if ok():
@@ -77,11 +83,24 @@ def download_nightly(cache: Path) -> Path:
     for old in dest.glob("*.tar.gz"):
         old.unlink()
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-         "--no-binary", ":all:", "--no-build-isolation",
-         "--disable-pip-version-check", "-d", str(dest), "keras-nightly"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-d",
+            str(dest),
+            "keras-nightly",
+        ],
+        capture_output=True,
+        text=True,
+    )
     found = sorted(dest.glob("*.tar.gz"))
     if proc.returncode != 0 or not found:
         raise ForkError(f"could not download keras-nightly:\n{proc.stderr}")

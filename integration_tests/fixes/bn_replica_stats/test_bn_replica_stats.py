@@ -348,14 +348,20 @@ def _jax_process_statistics(rank, world_size):
         with scope:
             model = _model()
             model.fit(
-                xs, ys, batch_size=batch_size, epochs=EPOCHS, shuffle=False,
+                xs,
+                ys,
+                batch_size=batch_size,
+                epochs=EPOCHS,
+                shuffle=False,
                 verbose=0,
-            )  # fmt: skip
+            )
         bn = model.layers[0]
         results.append(
-            [np.asarray(bn.moving_mean).tolist(),
-             np.asarray(bn.moving_variance).tolist()]
-        )  # fmt: skip
+            [
+                np.asarray(bn.moving_mean).tolist(),
+                np.asarray(bn.moving_variance).tolist(),
+            ]
+        )
     return results
 
 

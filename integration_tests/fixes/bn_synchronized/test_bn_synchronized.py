@@ -108,9 +108,13 @@ def _fit(scope, synchronized, process=None):
         model = _model(synchronized)
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
         model.fit(
-            x, y, batch_size=batch_size, epochs=EPOCHS, shuffle=False,
+            x,
+            y,
+            batch_size=batch_size,
+            epochs=EPOCHS,
+            shuffle=False,
             verbose=0,
-        )  # fmt: skip
+        )
     return _weights(model)
 
 
@@ -180,9 +184,14 @@ def _torch_loop(synchronized, process=None):
     (x, y), batch_size = data.process_batches((x, y), GLOBAL_BATCH, process)
     model = _model(synchronized)
     data.torch_train(
-        model, keras.optimizers.SGD(0.1), x, y, batch_size, EPOCHS,
+        model,
+        keras.optimizers.SGD(0.1),
+        x,
+        y,
+        batch_size,
+        EPOCHS,
         ddp=process is not None,
-    )  # fmt: skip
+    )
     return {k: v.tolist() for k, v in _weights(model).items()}
 
 
