@@ -219,3 +219,19 @@ def test_filters_that_match_select_those_cells_only():
     )
     assert chosen and {c.fix for c in chosen} == {"seeded-shuffle"}
     assert {c.backend for c in chosen} == {"jax", "torch"}
+
+
+def test_catalog_counts_a_problem_verdict_under_its_own_name():
+    fix = next(
+        f
+        for f in fixes.load_fixes(LAYOUT.fixes)
+        if any(c.expect == "guard" for c in fixes.fix_cells(f))
+    )
+    cells = fixes.fix_cells(fix)
+    proof = {c.key: {"verdict": c.expect} for c in cells}
+    guard = next(c for c in cells if c.expect == "guard")
+    proof[guard.key] = {"verdict": "guard-failed-on-stock"}
+    counted = catalog.counts(fix, proof)
+    assert counted["guard-failed-on-stock"] == 1
+    assert counted["guard"] == sum(c.expect == "guard" for c in cells) - 1
+    assert counted["source"] == "dist/proof.json"

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from integration_tests.harness import data
 from integration_tests.harness import devices
@@ -30,7 +31,9 @@ from keras_fork.recipe import pins
         ("proven", "pass", "pass", ("t",), "vacuous"),
         ("proven", "fail", "pass", ("t",), "vacuous"),  # one proving test
         ("guard", "pass", "pass", ("t",), "guard"),
-        ("guard", "fail", "pass", (), "proven"),
+        # Never promoted to proven: the declaration or the stock run is wrong.
+        ("guard", "fail", "pass", (), "guard-failed-on-stock"),
+        ("guard", "fail", "pass", ("t",), "guard-failed-on-stock"),
         ("proven", "fail", "fail", (), "broken"),
         ("guard", "pass", "error", ("t",), "broken"),
         ("proven", "error", "pass", (), "broken"),
@@ -40,6 +43,120 @@ from keras_fork.recipe import pins
 )
 def test_verdicts(expect, stock, fork, stock_passed, want):
     assert fixes.verdict(expect, stock, fork, stock_passed) == want
+
+
+@pytest.mark.parametrize(
+    "expect, stock, skipped, fork_passed, want",
+    [
+        # t2 proves nothing on stock: skipped there, it runs on the fork.
+        ("proven", "fail", ("t2",), ("t1", "t2"), "vacuous"),
+        ("proven", "error", ("t1",), ("t1",), "vacuous"),  # nothing ran
+        ("proven", "fail", ("t2",), ("t1",), "proven"),  # skipped on both
+        ("guard", "pass", ("t2",), ("t1", "t2"), "guard"),
+        ("proven", "fail", ("t2",), ("t2",), "vacuous"),
+    ],
+)
+def test_a_proof_test_skipped_on_stock_but_run_on_the_fork_is_vacuous(
+    expect, stock, skipped, fork_passed, want
+):
+    got = fixes.verdict(
+        expect, stock, "pass", stock_skipped=skipped, fork_passed=fork_passed
+    )
+    assert got == want
+
+
+def _settled(tmp_path, monkeypatch, expect, outcomes):
+    """One cell of fix ``f`` run on stock and fork from planted JUnit
+    files, through ``prove``'s own recording and verdict: ``outcomes`` is
+    ``{variant: [(test, role, body), ...]}``. Returns the row."""
+
+    def case(name, role, body):
+        return (
+            f'<testcase name="{name}" time="1"><properties>'
+            '<property name="fix" value="f"/>'
+            f'<property name="role" value="{role}"/></properties>{body}'
+            "</testcase>"
+        )
+
+    monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
+    cell = fixes.Cell("3.15.1", "f", "", "jax", "1", expect)
+    plan = SimpleNamespace(cells=[cell], units={})
+    rows = {cell.key: prove.new_row(cell, "cpu", {}, plan, ["stock", "fork"])}
+    console = Console(quiet=True)
+    for group in groups.plan_groups([cell], {}, ["stock", "fork"]):
+        xml = tmp_path / f"{group.variant}.xml"
+        cases = "".join(case(*c) for c in outcomes[group.variant])
+        xml.write_text(f"<testsuite>{cases}</testsuite>")
+        run = {"outcome": "pass", "detail": "", "junit": xml.name, "seconds": 1}
+        prove._record(group, run, rows, console)
+    prove.settle(plan, rows, console)
+    return rows[cell.key]
+
+
+def _reported(row) -> tuple[int, str]:
+    console = Console(record=True, width=300)
+    return prove._report([row], console), console.export_text()
+
+
+def test_a_guard_that_fails_on_stock_is_a_problem_with_its_failure(
+    tmp_path, monkeypatch, capsys
+):
+    failed = '<failure message="boom | bad"/>'
+    stock = [("test_a", "proof", failed), ("test_b", "guard", "")]
+    fork = [("test_a", "proof", ""), ("test_b", "guard", "")]
+    row = _settled(
+        tmp_path, monkeypatch, "guard", {"stock": stock, "fork": fork}
+    )
+    assert (row["stock"], row["fork"]) == ("fail", "pass")
+    assert row["verdict"] == "guard-failed-on-stock"
+    assert row["reason"] == "stock: test_a: boom | bad"
+    code, said = _reported(row)
+    assert code == 1
+    assert (
+        "guard-failed-on-stock: 3.15.1 f jax/1: declared guard, fails on "
+        "stock: test_a: boom | bad"
+    ) in said
+    assert prove.totals_line([row]) == (
+        "0 proven, 0 guard, 0 n/a, 0 vacuous, 1 guard-failed-on-stock, 0 broken"
+    )
+    assert "| guard-failed-on-stock (stock: test_a: boom \\| bad) |" in (
+        prove.render_table([row])
+    )
+    monkeypatch.setenv("COLUMNS", "300")
+    prove._print_table([row])
+    assert "guard-failed-on-stock (stock: test_a: boom | bad)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_a_proof_test_skipped_on_stock_makes_a_proven_cell_vacuous(
+    tmp_path, monkeypatch
+):
+    failed, skipped = '<failure message="no"/>', "<skipped/>"
+    stock = [
+        ("test_a", "proof", failed),
+        ("test_b", "proof", skipped),
+        ("test_g", "guard", skipped),
+    ]
+    fork = [("test_a", "proof", ""), ("test_b", "proof", "")]
+    fork.append(("test_g", "guard", ""))
+    row = _settled(
+        tmp_path, monkeypatch, "proven", {"stock": stock, "fork": fork}
+    )
+    assert row["runs"]["stock"]["skipped_tests"] == ["test_b"]
+    verdict = (row["stock"], row["fork"], row["verdict"])
+    assert verdict == ("fail", "pass", "vacuous")
+    code, said = _reported(row)
+    assert code == 1
+    assert "skipped on stock, passes on the fork: test_b" in said
+    # Skipped on both variants (a topology's skip), or a guard test skipped
+    # on stock: the cell stays proven.
+    fork[1] = ("test_b", "proof", skipped)
+    row = _settled(
+        tmp_path, monkeypatch, "proven", {"stock": stock, "fork": fork}
+    )
+    assert row["verdict"] == "proven" and not row["reason"]
+    assert _reported(row)[0] == 0
 
 
 def test_multi_process_topologies_leave_devices_to_the_workers():

@@ -107,8 +107,9 @@ def counts(fix: fixes_lib.Fix, proof: dict) -> dict:
     """``{"proven": n, "guard": n, "n/a": n, "source": ...}`` of a fix's
     cells: the verdicts of ``proof`` (``prove.load_previous`` of
     ``dist/proof.json``) where it has every cell, else the declared ones
-    (``source`` says which); a ``vacuous`` or ``broken`` verdict is counted
-    under its own name."""
+    (``source`` says which); a problem verdict (``fixes.PROBLEMS``:
+    ``vacuous``, ``guard-failed-on-stock``, ``broken``) is counted under
+    its own name."""
     cells = fixes_lib.fix_cells(fix)
     run = [proof.get(c.key) for c in cells]
     if all(run):

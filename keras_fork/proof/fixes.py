@@ -34,6 +34,11 @@ from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 
 EXPECTS = ("proven", "guard")
+# A cell's verdicts (``verdict``), in report order; the problems make a
+# prove run exit 1.
+GUARD_FAILED = "guard-failed-on-stock"
+PROBLEMS = ("vacuous", GUARD_FAILED, "broken")
+VERDICTS = ("proven", "guard", "n/a", *PROBLEMS)
 REASONS_FILE = "reasons.toml"
 FIX_FILE = "fix.toml"
 
@@ -291,6 +296,9 @@ def verdict(
     stock: str | None,
     fork: str | None,
     stock_passed: tuple[str, ...] = (),
+    *,
+    stock_skipped: tuple[str, ...] = (),
+    fork_passed: tuple[str, ...] = (),
 ) -> str:
     """The cell verdict from the two variant outcomes (the contract of
     ``dist/proof.json``).
@@ -298,12 +306,20 @@ def verdict(
     Args:
         expect: ``proven``, ``guard`` or ``n/a``.
         stock, fork: ``pass``, ``fail``, ``error`` or None (not run).
-        stock_passed: the tests that passed on stock. In a ``proven`` cell
-            every proving test must fail on stock: one that passes there is
-            ``vacuous`` even when another test of the cell failed.
+        stock_passed: the proof tests that passed on stock. In a ``proven``
+            cell every proof test must fail on stock: one that passes there
+            is ``vacuous`` even when another test of the cell failed.
+        stock_skipped: the proof tests skipped on stock, and
+            ``fork_passed`` those that passed on the fork: in a ``proven``
+            cell a test in both proves nothing on stock, so the cell is
+            ``vacuous``.
 
     Returns:
-        ``proven``, ``guard``, ``vacuous``, ``broken`` or ``n/a``.
+        ``proven``; ``guard``; ``n/a``; ``vacuous``; ``broken`` (the fork
+        fails, or stock could not run its tests); or
+        ``guard-failed-on-stock`` (``GUARD_FAILED``): a ``guard`` cell that
+        fails on stock, never counted as ``proven``, since the declaration
+        or the stock run is wrong.
     """
     if expect == "n/a":
         return "n/a"
@@ -311,11 +327,23 @@ def verdict(
         return "broken"
     if fork is None or stock is None:
         return "n/a"
+    if expect == "proven" and set(stock_skipped) & set(fork_passed):
+        return "vacuous"
     if stock == "error":
         return "broken"
+    if stock == "fail" and expect == "guard":
+        return GUARD_FAILED
     if stock == "fail":
-        return "vacuous" if expect == "proven" and stock_passed else "proven"
+        return "vacuous" if stock_passed else "proven"
     return "guard" if expect == "guard" else "vacuous"
+
+
+def skipped_on_stock(stock_run: dict, fork_run: dict) -> list[str]:
+    """The proof tests of a cell that were skipped on stock and passed on
+    the fork (``groups.cell_result``'s ``skipped_tests`` and
+    ``passed_tests`` of each run), in the stock run's order."""
+    passed = set(fork_run.get("passed_tests", ()))
+    return [t for t in stock_run.get("skipped_tests", ()) if t in passed]
 
 
 def short_of_gpus(cells: list[Cell], gpus: int) -> list[Cell]:

@@ -184,7 +184,8 @@ def cell_result(
         failed or errored, ``pass`` when one ran and none failed, else
         ``error``; ``seconds`` is its cases' own time, ``shared`` and
         ``shared_seconds`` name the group's run and its wall time,
-        ``passed_tests`` its passed proof cases (for ``vacuous``).
+        ``passed_tests`` and ``skipped_tests`` its passed and its skipped
+        proof cases (for ``vacuous``).
     """
     if cases is None:
         cases = read_junit(pins.REPO_ROOT / run["junit"]).cases
@@ -216,12 +217,18 @@ def cell_result(
             {k: c[k] for k in ("name", "outcome", "time", "text")}
             for c in cases
         ],
-        "passed_tests": [
-            c["name"]
-            for c in cases
-            if c["outcome"] == "passed" and c["role"] == "proof"
-        ],
+        "passed_tests": _proof_cases(cases, "passed"),
+        "skipped_tests": _proof_cases(cases, "skipped"),
     }
+
+
+def _proof_cases(cases: list, outcome: str) -> list[str]:
+    """The names of the proof-role ``cases`` with ``outcome``."""
+    return [
+        c["name"]
+        for c in cases
+        if c["outcome"] == outcome and c["role"] == "proof"
+    ]
 
 
 def culprits(group: Group, nodeid: str | None) -> list[Cell]:

@@ -12,7 +12,10 @@ Verdicts (the contract of ``dist/proof.json``, ``fixes.verdict``):
 
 * ``proven``: stock fails, fork passes;
 * ``guard``: passes on both where the fix's cell says ``guard``;
-* ``vacuous``: a cell that must be ``proven`` passes on stock;
+* ``vacuous``: a cell that must be ``proven`` passes on stock (a proof
+  test passes there, or is skipped there and passes on the fork);
+* ``guard-failed-on-stock``: a cell declared ``guard`` fails on stock (the
+  row's ``reason`` holds the stock failure);
 * ``broken``: the fork fails (or a run could not execute at all);
 * ``n/a``: not run, with the reason from the fix's ``fix.toml``.
 
@@ -254,14 +257,20 @@ def settle(p: Plan, rows: dict, console) -> None:
         # Upstream-style unit tests carry no proof/guard roles: a patch's
         # tests may include regression guards that pass on stock, so a
         # unit cell is proven when any of its added tests fails there.
-        stock_passed = (
-            () if unit is not None else tuple(stock_run.get("passed_tests", ()))
-        )
+        roles = {} if unit is not None else row["runs"]
+        stock_roles, fork_roles = roles.get("stock", {}), roles.get("fork", {})
         row["verdict"] = fixes_lib.verdict(
-            cell.expect, row["stock"], row["fork"], stock_passed
+            cell.expect,
+            row["stock"],
+            row["fork"],
+            tuple(stock_roles.get("passed_tests", ())),
+            stock_skipped=tuple(stock_roles.get("skipped_tests", ())),
+            fork_passed=tuple(fork_roles.get("passed_tests", ())),
         )
         if row["verdict"] == "n/a" and not row["reason"]:
             row["reason"] = "a variant was not run"
+        if row["verdict"] == fixes_lib.GUARD_FAILED:
+            row["reason"] = f"stock: {stock_run.get('detail', '')}"
 
 
 def write_outputs(layout, rows, accelerator: str, docs: bool, runs=()):
@@ -280,14 +289,23 @@ def write_outputs(layout, rows, accelerator: str, docs: bool, runs=()):
 
 
 def totals_line(rows: list[dict]) -> str:
-    """``"83 proven, 42 guard, 91 n/a, 0 vacuous, 0 broken"`` of ``rows``."""
-    names = ("proven", "guard", "n/a", "vacuous", "broken")
+    """``"83 proven, 42 guard, 91 n/a, 0 vacuous, 0 guard-failed-on-stock,
+    0 broken"`` of ``rows``."""
+    names = fixes_lib.VERDICTS
     counts = {n: sum(r["verdict"] == n for r in rows) for n in names}
     return ", ".join(f"{counts[n]} {n}" for n in names)
 
 
+def verdict_text(row: dict) -> str:
+    """A row's verdict, with its reason where it has one: ``n/a (why)``,
+    ``guard-failed-on-stock (stock: <failed test>: <message>)``."""
+    reason = row.get("reason")
+    return f"{row['verdict']} ({reason})" if reason else row["verdict"]
+
+
 def _print_table(rows: list[dict]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title="proof matrix (dist/proof.json)")
@@ -301,9 +319,11 @@ def _print_table(rows: list[dict]) -> None:
         "verdict",
     ):
         t.add_column(col)
+    # Problems (fixes.PROBLEMS) in red, with the reason of the row.
     colors = {"proven": "green", "guard": "cyan", "n/a": "dim"}
     for r in rows:
         color = colors.get(r["verdict"], "bold red")
+        text = r["verdict"] if r["verdict"] == "n/a" else verdict_text(r)
         t.add_row(
             r["base"],
             r["fix"],
@@ -311,22 +331,42 @@ def _print_table(rows: list[dict]) -> None:
             r["topology"],
             r["stock"] or "-",
             r["fork"] or "-",
-            f"[{color}]{r['verdict']}[/]",
+            f"[{color}]{escape(text)}[/]",
         )
     Console(highlight=False).print(t)
 
 
+def _why(row: dict) -> str:
+    """Why a problem cell (``fixes.PROBLEMS``) is one, for ``_report``."""
+    runs = row["runs"]
+    why = "; ".join(f"{v}: {run['detail']}" for v, run in runs.items())
+    if row["verdict"] == fixes_lib.GUARD_FAILED:
+        return f"declared guard, fails on {row['reason']}"
+    if row["verdict"] != "vacuous":
+        return why
+    stock, fork = runs.get("stock", {}), runs.get("fork", {})
+    because = []
+    if stock.get("passed_tests"):
+        because.append(f"passes on stock: {', '.join(stock['passed_tests'])}")
+    skipped = fixes_lib.skipped_on_stock(stock, fork)
+    if skipped:
+        because.append(
+            f"skipped on stock, passes on the fork: {', '.join(skipped)}"
+        )
+    return "; ".join(because) or why
+
+
 def _report(ran: list[dict], console) -> int:
-    """Names every broken or vacuous cell; prints the closing line."""
-    bad = [r for r in ran if r["verdict"] in ("broken", "vacuous")]
+    """Names every problem cell (``fixes.PROBLEMS``: ``vacuous``,
+    ``guard-failed-on-stock``, ``broken``) and why; prints the closing
+    line. Returns 1 when there is one, else 0."""
+    from rich.markup import escape
+
+    bad = [r for r in ran if r["verdict"] in fixes_lib.PROBLEMS]
     for r in bad:
-        why = "; ".join(f"{v}: {run['detail']}" for v, run in r["runs"].items())
-        stock_passed = r["runs"].get("stock", {}).get("passed_tests")
-        if r["verdict"] == "vacuous" and stock_passed:
-            why = f"passes on stock: {', '.join(stock_passed)}"
         console.print(
             f"[bold red]{r['verdict']}[/]: {r['base']} {r['fix']} "
-            f"{r['backend']}/{r['topology']}: {why}"
+            f"{r['backend']}/{r['topology']}: {escape(_why(r))}"
         )
     # A plain closing line for CI log readers: cells, not tests.
     good = sum(r["verdict"] in ("proven", "guard") for r in ran)
@@ -340,7 +380,8 @@ def main(args, layout: pins.Layout) -> int:
     ``dist/proof.*`` and refreshes the PR bodies' proof rows.
 
     Returns:
-        0 when no selected cell is ``broken`` or ``vacuous``, else 1.
+        0 when no selected cell is a problem (``fixes.PROBLEMS``:
+        ``vacuous``, ``guard-failed-on-stock``, ``broken``), else 1.
     """
     from rich.console import Console
 
@@ -430,11 +471,9 @@ def render_table(cells: list[dict]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        verdict_text = c["verdict"]
-        if c["verdict"] == "n/a" and c.get("reason"):
-            verdict_text = f"n/a ({c['reason']})"
+        verdict = verdict_text(c).replace("|", "\\|")  # a failure's text
         lines.append(
             f"| {c['base']} | {c['fix']} | {c['backend']} | {c['topology']} "
-            f"| {c['stock'] or '-'} | {c['fork'] or '-'} | {verdict_text} |"
+            f"| {c['stock'] or '-'} | {c['fork'] or '-'} | {verdict} |"
         )
     return "\n".join(lines) + "\n"
