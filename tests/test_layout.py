@@ -3,6 +3,7 @@ blocks in sync with their sources."""
 
 import argparse
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,22 @@ def test_readme_blocks_are_generated_from_the_fix_folders():
     assert table == "\n" + catalog.readme_table(rows)
     notices = _between(text, catalog.NOTICES_BEGIN, catalog.NOTICES_END)
     assert notices == "\n" + catalog.notices(rows)
+
+
+def test_fork_numbers_and_patch_counts_are_generated():
+    """README's install commands and docs/upstream.md's series table come
+    from bases.toml and patches/ (``fixes --readme``), so they cannot go
+    stale; nothing else in either names a fork build number."""
+    bases = catalog.series_rows(pins.Layout.default())
+    readme = (ROOT / "README.md").read_text()
+    block = _between(readme, catalog.INSTALL_BEGIN, catalog.INSTALL_END)
+    assert block == "\n" + catalog.install_block(bases)
+    upstream = (ROOT / "docs" / catalog.UPSTREAM_DOC).read_text()
+    table = _between(upstream, catalog.SERIES_BEGIN, catalog.SERIES_END)
+    assert table == "\n" + catalog.series_table(bases)
+    for text, block in ((readme, block), (upstream, table)):
+        rest = text.replace(block, "")
+        assert not re.findall(r"\+fork\.\d+", rest)
 
 
 @pytest.mark.parametrize(

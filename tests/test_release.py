@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from keras_fork.proof import catalog
 from keras_fork.recipe import pins
 from keras_fork.recipe import prseries
 from keras_fork.recipe import sdist
@@ -162,3 +163,50 @@ def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
         )
         assert out.returncode == 0, (backend, out.stderr[-2000:])
         assert "6" in out.stdout
+
+
+def _documented_commands(wheel_name: str) -> list[list[str]]:
+    """The README's install commands for one wheel, as argument lists: the
+    uninstall of keras-nightly, then that wheel's ``pip install``."""
+    readme = (pins.REPO_ROOT / "README.md").read_text()
+    block = readme.split(catalog.INSTALL_BEGIN)[1].split(catalog.INSTALL_END)[0]
+    lines = [line for line in block.splitlines() if line.startswith("pip ")]
+    uninstall = [line for line in lines if " uninstall " in line]
+    install = [line for line in lines if line.endswith(f"dist/{wheel_name}")]
+    assert len(uninstall) == 1 and len(install) == 1, block
+    return [uninstall[0].split(), install[0].split()]
+
+
+def test_the_master_wheel_replaces_keras_nightly_as_the_readme_says(tmp_path):
+    """Issue 37: keras-nightly installed, then the README's commands for the
+    master wheel: one distribution owns keras/ (the fork's), ``import
+    keras`` gives the fork's version, and ``pip check`` is clean."""
+    base = next(b for b in BASES if b.package == "keras-nightly")
+    if not (LAYOUT.dist / base.wheel_name).is_file():
+        pytest.fail(f"{base.wheel_name} missing: run scripts/build first")
+    py = _venv_over_the_test_env(tmp_path / "venv")
+    pip = [py, "-m", "pip", "--disable-pip-version-check", "-q"]
+    constraints = str(pins.REPO_ROOT / "constraints.txt")
+    # A user's environment: keras-nightly beside the backends (found in the
+    # test environment; the venv gets what their pins need, e.g. setuptools).
+    stack = [base.requirement, "tensorflow-cpu", "jax", "torch"]
+    subprocess.run(pip + ["install", "-c", constraints, *stack], check=True)
+    for command in _documented_commands(base.wheel_name):
+        assert command[0] == "pip"
+        subprocess.run(pip + command[1:], cwd=pins.REPO_ROOT, check=True)
+    check = subprocess.run(
+        pip[:-1] + ["check"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    code = (
+        "import importlib.metadata as m, keras\n"
+        "names = [d.metadata['Name'] for d in m.distributions()]\n"
+        "print(keras.__version__, names.count('keras'), "
+        "names.count('keras-nightly') + names.count('keras_nightly'))\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run(
+        [py, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [base.fork_version, "1", "0"], out.stdout

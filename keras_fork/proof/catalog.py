@@ -7,8 +7,10 @@ proven / guard / n/a cell counts of the last ``dist/proof.json`` (the
 declared cells when there is none), and its patch file on each base (the
 ``Fork-Fix:`` trailers of ``patches/<V>/``).
 
-``--readme`` rewrites the fix table of README.md, which is generated from
-the same folders (a test fails when it is stale).
+``--readme`` rewrites the generated blocks of README.md (the fix table, the
+notices, the install commands) and docs/upstream.md's series table, from the
+same folders, ``bases.toml`` and ``patches/`` (a test fails when one is
+stale), so that no fork number or patch count is typed by hand.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ README_BEGIN = "<!-- fix-table:begin -->"
 README_END = "<!-- fix-table:end -->"
 NOTICES_BEGIN = "<!-- notices:begin -->"
 NOTICES_END = "<!-- notices:end -->"
+# The install commands (README) and the series table (docs/upstream.md):
+# wheel names, patch and fix counts, from bases.toml and patches/ alone.
+INSTALL_BEGIN = "<!-- install:begin -->"
+INSTALL_END = "<!-- install:end -->"
+SERIES_BEGIN = "<!-- series:begin -->"
+SERIES_END = "<!-- series:end -->"
+UPSTREAM_DOC = "upstream.md"
 COUNTED = ("proven", "guard", "n/a")
 
 
@@ -203,13 +212,84 @@ def notices(rows: list[dict]) -> str:
     )
 
 
+def series_rows(layout: pins.Layout) -> list[dict]:
+    """One dict a base, in ``bases.toml`` order: ``version``, ``package``
+    (``keras`` or ``keras-nightly``), ``wheel`` (its file name),
+    ``patches`` (the series' patch count, repo-only ones apart) and
+    ``fixes`` (the fix ids its patches carry, sorted)."""
+    rows = []
+    for base in pins.load_bases(layout).values():
+        infos = [
+            series.parse_patch(p) for p in series.read_series(layout, base)
+        ]
+        rows.append(
+            {
+                "version": base.version,
+                "package": base.package,
+                "wheel": base.wheel_name,
+                "patches": len(infos),
+                "fixes": sorted({f for i in infos for f in i.fixes}),
+            }
+        )
+    return rows
+
+
+def install_block(rows: list[dict]) -> str:
+    """The README's install commands (markdown): one ``pip install`` a
+    wheel, after uninstalling ``keras-nightly`` (it and the wheels, whose
+    distribution name is ``keras``, would both own ``keras/``)."""
+    lines = [
+        "```sh",
+        "# keras-nightly owns keras/ under another name: uninstall it first,",
+        "# or removing it later deletes the fork's files (a `keras` release",
+        "# is replaced by the wheel as it is).",
+        "pip uninstall -y keras-nightly",
+        "# then one wheel, beside tensorflow / jax / torch:",
+    ]
+    for r in rows:
+        what = f"{r['package']} {r['version']}"
+        lines.append(f"pip install dist/{r['wheel']}")
+        lines.append(f"#   {what}: {_counted(r)}")
+    lines += [
+        'python -c "import keras; print(keras.__version__)"',
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _counted(row: dict) -> str:
+    """``"<n> patches, <m> fixes"`` of a ``series_rows`` row, in English
+    numbers (``1 fix``)."""
+    n, m = row["patches"], len(row["fixes"])
+    return f"{n} patch{'es' * (n != 1)}, {m} fix{'es' * (m != 1)}"
+
+
+def series_table(rows: list[dict]) -> str:
+    """docs/upstream.md's table of the series (markdown): a row a base."""
+    lines = [
+        "| base | wheel | patches | fixes |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['package']} {r['version']} | `{r['wheel']}` "
+            f"| {r['patches']} | {len(r['fixes'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_readme(layout: pins.Layout) -> None:
-    """Rewrites README.md's generated blocks (the fix table and the
-    notices) from the fix folders, with the declared cells."""
+    """Rewrites README.md's generated blocks (the fix table, the notices,
+    the install commands) from the fix folders, with the declared cells,
+    and docs/upstream.md's series table."""
     rows = catalog(layout, with_proof=False)
     readme = layout.root / "README.md"
     replace_between(readme, README_BEGIN, README_END, readme_table(rows))
     replace_between(readme, NOTICES_BEGIN, NOTICES_END, notices(rows))
+    bases = series_rows(layout)
+    replace_between(readme, INSTALL_BEGIN, INSTALL_END, install_block(bases))
+    upstream = layout.docs / UPSTREAM_DOC
+    replace_between(upstream, SERIES_BEGIN, SERIES_END, series_table(bases))
 
 
 def add_arguments(p) -> None:
@@ -227,7 +307,8 @@ def add_arguments(p) -> None:
     out.add_argument(
         "--readme",
         action="store_true",
-        help="rewrite README.md's fix table and notices (declared cells)",
+        help="rewrite README.md's generated blocks (fix table, notices, "
+        "install commands) and docs/upstream.md's series table",
     )
 
 
@@ -242,7 +323,7 @@ def main(args, layout: pins.Layout) -> int:
         return 1 if found else 0
     if args.readme:
         write_readme(layout)
-        print(f"rewrote the fix table of {layout.root / 'README.md'}")
+        print("rewrote README.md's generated blocks and docs/upstream.md's")
         return 0
     rows = catalog(layout)
     if args.json:
