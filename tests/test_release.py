@@ -170,7 +170,11 @@ def _documented_commands(wheel_name: str) -> list[list[str]]:
     uninstall of keras-nightly, then that wheel's ``pip install``."""
     readme = (pins.REPO_ROOT / "README.md").read_text()
     block = readme.split(catalog.INSTALL_BEGIN)[1].split(catalog.INSTALL_END)[0]
-    lines = [line for line in block.splitlines() if line.startswith("pip ")]
+    lines = [
+        line.partition("#")[0].strip()
+        for line in block.splitlines()
+        if line.startswith("pip ")
+    ]
     uninstall = [line for line in lines if " uninstall " in line]
     install = [line for line in lines if line.endswith(f"dist/{wheel_name}")]
     assert len(uninstall) == 1 and len(install) == 1, block

@@ -248,8 +248,7 @@ def install_block(rows: list[dict]) -> str:
     ]
     for r in rows:
         what = f"{r['package']} {r['version']}"
-        lines.append(f"pip install dist/{r['wheel']}")
-        lines.append(f"#   {what}: {_counted(r)}")
+        lines.append(f"pip install dist/{r['wheel']}  # {what}: {_counted(r)}")
     lines += [
         'python -c "import keras; print(keras.__version__)"',
         "```",
