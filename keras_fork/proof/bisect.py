@@ -32,7 +32,6 @@ from keras_fork.errors import ForkError
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
-from keras_fork.recipe import wheel
 
 BACKENDS = ("jax", "tensorflow", "torch")
 
@@ -155,7 +154,7 @@ def prepare_prefix(
         ForkError: the prefix does not apply or does not build.
     """
     patches = series.read_series(layout, base)[:k]
-    tree, whl = _build_prefix(layout, base, patches, tmp)
+    tree, whl = variants.build_subset(layout, base, patches, tmp)
     target = tmp / "site"
     runs = []
     # A keras-nightly tree has only the test files the series creates; its
@@ -233,24 +232,6 @@ def _install(whl: Path, target: Path) -> None:
         check=True,
         capture_output=True,
     )
-
-
-def _build_prefix(layout, base, patches, tmp: Path):
-    """Materializes ``patches`` (a prefix of ``base``'s series) in a scratch
-    layout under ``tmp`` and builds its wheel; returns ``(tree, wheel)``."""
-    tmp.mkdir(parents=True)
-    scratch = dataclasses.replace(
-        layout, patches=tmp / "patches", build=tmp / "build", dist=tmp / "dist"
-    )
-    folder = series.series_dir(scratch, base)
-    folder.mkdir(parents=True)
-    for p in patches:
-        shutil.copyfile(p, folder / p.name)
-    (folder / series.ORDER_FILE).write_text(
-        "".join(p.name + "\n" for p in patches)
-    )
-    tree = series.materialize(scratch, base)
-    return tree, wheel.build(scratch, base, tree)
 
 
 def _passes(backend: str, tree: Path, files: list[str]) -> list[tuple]:

@@ -19,7 +19,14 @@ Each folder holds the fix's proof tests (``test_*.py``, marked
   "n/a: <reason>"`` for every cell of ``harness.topologies.TOPOLOGIES``,
   holding on each base; ``[base_cells."<V>"]`` replaces some on one base.
   ``"n/a: @<name>"`` is a reason shared by several fixes, from
-  ``integration_tests/fixes/reasons.toml``.
+  ``integration_tests/fixes/reasons.toml``;
+* ``[prerequisites]`` (optional): ``"<backend>/<topology>" = ["<fix>",
+  ...]``, the fixes a cell's scenario needs before it can show this fix's
+  bug (e.g. ``multiworker-fit`` for ``fit`` under MultiWorkerMirrored).
+  The cell's stock side is then stock plus exactly those fixes' patches
+  (``Cell.stock_side``, built by ``variants.install_prerequisites``), so a
+  proven cell proves its own fix, not another's bug;
+  ``[base_prerequisites."<V>"]`` replaces some on one base (``[]``: none).
 
 The proof matrix (``Cell``) is the cells of every fix on every base.
 """
@@ -56,6 +63,8 @@ class Fix:
             change, e.g. a backport of a newer default whose upstream commit
             changed that assertion); the ``regressions`` verb reports them
             apart.
+        prerequisites: ``{base: {"<backend>/<topology>": (fix id, ...)}}``,
+            the fixes each cell's stock side carries (see the module doc).
     """
 
     id: str
@@ -67,6 +76,7 @@ class Fix:
     cells: dict
     folder: Path
     changed_upstream_tests: dict = dataclasses.field(default_factory=dict)
+    prerequisites: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +90,13 @@ class Cell:
     topology: str
     expect: str  # "proven", "guard" or "n/a"
     reason: str = ""
+    needs: tuple[str, ...] = ()  # the prerequisites of its stock side
+
+    @property
+    def stock_side(self) -> str:
+        """What the cell's stock run imports: ``stock``, or stock plus its
+        prerequisites, e.g. ``stock+multiworker-fit``."""
+        return "+".join(("stock", *self.needs))
 
     @property
     def key(self) -> tuple:
@@ -142,25 +159,22 @@ def load_fix(path: Path, reasons: dict) -> Fix:
             f"{fid.replace('-', '_')!r}"
         )
     bases = tuple(data["bases"])
-    by_base = data.get("base_cells", {})
-    stray = sorted(set(by_base) - set(bases))
-    if stray:
-        raise ForkError(
-            f"{path}: base_cells for {stray}, not in its bases {list(bases)}"
-        )
     changed = data.get("changed_upstream_tests", {})
     stray = sorted(set(changed) - set(bases))
     if stray:
         raise ForkError(
             f"{path}: changed_upstream_tests for {stray}, not in its bases"
         )
-    cells = {}
-    for base in bases:
-        table = {**data.get("cells", {}), **by_base.get(base, {})}
-        cells[base] = {
-            where: _expand(path, where, value, reasons)
-            for where, value in table.items()
-        }
+    cells = _per_base(path, data, "cells", "base_cells", bases)
+    cells = {
+        base: {w: _expand(path, w, v, reasons) for w, v in table.items()}
+        for base, table in cells.items()
+    }
+    needs = _per_base(path, data, "prerequisites", "base_prerequisites", bases)
+    for base, table in needs.items():
+        stray = sorted(set(table) - set(cells[base]))
+        if stray:
+            raise ForkError(f"{path}: prerequisites of no cell: {stray}")
     return Fix(
         id=fid,
         issue=data["issue"],
@@ -171,7 +185,50 @@ def load_fix(path: Path, reasons: dict) -> Fix:
         cells=cells,
         folder=path.parent,
         changed_upstream_tests=changed,
+        prerequisites={
+            base: {w: _prerequisites(path, fid, w, v) for w, v in t.items()}
+            for base, t in needs.items()
+        },
     )
+
+
+def _per_base(path: Path, data: dict, table: str, by_base: str, bases):
+    """``{base: table}`` of a fix.toml table that ``[<by_base>."<V>"]``
+    overrides key by key on base V.
+
+    Raises:
+        ForkError: an override for a base the fix does not list.
+    """
+    overrides = data.get(by_base, {})
+    stray = sorted(set(overrides) - set(bases))
+    if stray:
+        raise ForkError(
+            f"{path}: {by_base} for {stray}, not in its bases {list(bases)}"
+        )
+    return {
+        base: {**data.get(table, {}), **overrides.get(base, {})}
+        for base in bases
+    }
+
+
+def _prerequisites(path: Path, fid: str, where: str, value) -> tuple:
+    """A cell's prerequisite fix ids, checked: a list of other fixes' ids.
+
+    Raises:
+        ForkError: not a list of strings, or the fix itself listed.
+    """
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) for v in value
+    ):
+        raise ForkError(
+            f"{path}: prerequisites of {where}: {value!r} is not a list of "
+            "fix ids"
+        )
+    if fid in value:
+        raise ForkError(
+            f"{path}: {where}: {fid} cannot be its own prerequisite"
+        )
+    return tuple(value)
 
 
 def load_fixes(folder: Path) -> list[Fix]:
@@ -186,6 +243,16 @@ def load_fixes(folder: Path) -> list[Fix]:
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
         raise ForkError(f"{folder}: fix ids declared twice: {twice}")
+    for fix in fixes:
+        for base, table in fix.prerequisites.items():
+            unknown = sorted(
+                {n for need in table.values() for n in need} - set(ids)
+            )
+            if unknown:
+                raise ForkError(
+                    f"{fix.folder / FIX_FILE}: unknown prerequisite fix "
+                    f"{', '.join(unknown)} on {base}; known: {', '.join(ids)}"
+                )
     return fixes
 
 
@@ -220,7 +287,10 @@ def _cell(fix: Fix, base: str, where: str, value: str) -> Cell:
             f"{path}: unknown cell {where}; known: "
             f"{sorted('/'.join(k) for k in topologies.TOPOLOGIES)}"
         )
-    return Cell(base, fix.id, fix.issue, backend, topology, expect, reason)
+    needs = fix.prerequisites.get(base, {}).get(where, ())
+    return Cell(
+        base, fix.id, fix.issue, backend, topology, expect, reason, needs
+    )
 
 
 def load_matrix(folder: Path) -> list[Cell]:

@@ -72,6 +72,8 @@ class Group:
     its cells' ``units``): on stock only the added tests (they must fail),
     on the fork every test of every touched file (all must pass). Any other
     group collects its cells' fix folders, ``integration_tests/fixes/<id>/``.
+    A stock group's cells share their prerequisites (``needs``): it runs on
+    ``side``, stock plus those fixes' patches.
     """
 
     base: str
@@ -80,12 +82,19 @@ class Group:
     topology: str
     cells: tuple[Cell, ...]
     units: tuple[UnitTests, ...] = ()
+    needs: tuple[str, ...] = ()
+
+    @property
+    def side(self) -> str:
+        """The keras this group imports: ``fork``, ``stock`` or
+        ``stock+<prerequisite>...`` (``Cell.stock_side``)."""
+        return "+".join((self.variant, *self.needs))
 
     @property
     def slug(self) -> str:
         if len(self.cells) == 1:
-            return f"{self.cells[0].slug}-{self.variant}"
-        return f"{self.base}-{self.backend}-{self.topology}-{self.variant}"
+            return f"{self.cells[0].slug}-{self.side}"
+        return f"{self.base}-{self.backend}-{self.topology}-{self.side}"
 
     @property
     def label(self) -> str:
@@ -115,20 +124,23 @@ def plan_groups(
 ) -> list[Group]:
     """The groups of the cells that run (``expect`` not ``n/a``; a unit
     cell whose patches add no test does not run), in the order of first
-    appearance, one per (base, variant, backend, topology)."""
+    appearance, one per (base, variant, backend, topology) and, on stock,
+    per prerequisites (``Cell.needs``)."""
     groups: dict[tuple, list] = {}
     for cell in cells:
         unit = units.get(cell.key)
         if cell.expect == "n/a" or (unit is not None and not unit.names):
             continue
         for variant in variants:
-            key = (cell.base, variant, cell.backend, cell.topology)
+            needs = cell.needs if variant == "stock" else ()
+            key = (cell.base, variant, cell.backend, cell.topology, needs)
             groups.setdefault(key, []).append((cell, unit))
     return [
         Group(
-            *key,
-            tuple(c for c, _ in members),
-            tuple(u for _, u in members if u is not None),
+            *key[:4],
+            cells=tuple(c for c, _ in members),
+            units=tuple(u for _, u in members if u is not None),
+            needs=key[4],
         )
         for key, members in groups.items()
     ]

@@ -96,6 +96,8 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
     installed = {
         v: variants_lib.install_variants(layout, b) for v, b in bases.items()
     }
+    if "stock" in (args.variant or VARIANTS):
+        cells = with_prerequisites(layout, cells, bases, installed)
     overlays = {
         v: variants_lib.install_overlay(layout, b) for v, b in bases.items()
     }
@@ -117,6 +119,36 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
     )
 
 
+def with_prerequisites(layout, cells, bases, installed) -> list[Cell]:
+    """Installs each stock side with prerequisites that the cells need
+    (``variants.install_prerequisites``) into ``installed[base][side]``.
+
+    Returns:
+        The cells, where a cell's prerequisites cannot be built without its
+        own fix, or do not apply without the rest of the series, turned
+        ``n/a`` with that reason (its proof would stand on another fix's
+        bug).
+    """
+    out = []
+    for cell in cells:
+        if cell.needs and cell.expect != "n/a":
+            try:
+                base = bases[cell.base]
+                patches = variants_lib.prerequisite_patches(
+                    layout, base, cell.needs, cell.fix
+                )
+                installed[cell.base][cell.stock_side] = (
+                    variants_lib.install_prerequisites(
+                        layout, base, cell.needs, patches
+                    )
+                )
+            except variants_lib.PrerequisiteError as e:
+                why = f"{cell.stock_side} cannot be built: {e}"
+                cell = dataclasses.replace(cell, expect="n/a", reason=why)
+        out.append(cell)
+    return out
+
+
 def new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
     """A cell's row of ``proof.json`` before its runs; a variant that is
     not run this time keeps its last result."""
@@ -128,6 +160,7 @@ def new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
         "topology": cell.topology,
         "expect": cell.expect,
         "accelerator": accelerator,
+        "stock_side": cell.stock_side,
         "stock": None,
         "fork": None,
         "reason": cell.reason,
@@ -137,7 +170,10 @@ def new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
     if unit is not None and not unit.names:
         row["reason"] = "the fix's patches add no unit test"
     elif cell.expect != "n/a":
-        for variant in set(VARIANTS) - set(variants):
+        kept = set(VARIANTS) - set(variants)
+        if stock_side(old) != cell.stock_side:  # that stock run is not this
+            kept.discard("stock")
+        for variant in kept:
             row[variant] = old.get(variant)
             if variant in old.get("runs", {}):
                 row["runs"][variant] = old["runs"][variant]
@@ -146,9 +182,12 @@ def new_row(cell: Cell, accelerator: str, old: dict, p: Plan, variants):
 
 def _where(p: Plan, group, layout) -> runner.Where:
     base = p.bases[group.base]
-    version = base.fork_version if group.variant == "fork" else base.version
+    # A wheel built from patches reports the fork's version, prerequisites
+    # alone (variants.build_subset) included.
+    built = group.variant == "fork" or group.needs
+    version = base.fork_version if built else base.version
     return runner.Where(
-        p.installed[group.base][group.variant],
+        p.installed[group.base][group.side],
         version,
         p.overlays[group.base],
         layout.fixes,
@@ -314,6 +353,7 @@ def _print_table(rows: list[dict]) -> None:
         "fix",
         "backend",
         "topology",
+        "stock side",
         "stock",
         "fork",
         "verdict",
@@ -329,6 +369,7 @@ def _print_table(rows: list[dict]) -> None:
             r["fix"],
             r["backend"],
             r["topology"],
+            stock_side(r),
             r["stock"] or "-",
             r["fork"] or "-",
             f"[{color}]{escape(text)}[/]",
@@ -464,16 +505,25 @@ def add_filters(p) -> None:
     )
 
 
+def stock_side(row: dict) -> str:
+    """What a row's stock run imported: ``stock``, or stock plus the
+    cell's prerequisites (``Cell.stock_side``); rows of a ``proof.json``
+    older than prerequisites ran on bare stock."""
+    return row.get("stock_side", "stock")
+
+
 def render_table(cells: list[dict]) -> str:
     """The proof table as markdown (one row a cell)."""
     lines = [
-        "| base | fix | backend | topology | stock | fork | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| base | fix | backend | topology | stock side | stock | fork "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         verdict = verdict_text(c).replace("|", "\\|")  # a failure's text
         lines.append(
             f"| {c['base']} | {c['fix']} | {c['backend']} | {c['topology']} "
-            f"| {c['stock'] or '-'} | {c['fork'] or '-'} | {verdict} |"
+            f"| {stock_side(c)} | {c['stock'] or '-'} | {c['fork'] or '-'} "
+            f"| {verdict} |"
         )
     return "\n".join(lines) + "\n"

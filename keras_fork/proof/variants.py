@@ -3,11 +3,15 @@ environment of a process that imports one of them.
 
 ``stock`` is the verified upstream sdist and ``fork`` the built wheel, each
 ``pip install --no-deps --target build/variants/<V>/<variant>`` over the
-one virtual environment, so the two differ in keras only.
+one virtual environment, so the two differ in keras only. A cell whose
+scenario needs other fixes first (``fix.toml``'s ``[prerequisites]``) runs
+its stock side on ``stock+<fix>...``: the sdist plus exactly those fixes'
+patches (``install_prerequisites``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -22,11 +26,15 @@ from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
+from keras_fork.recipe import series
+from keras_fork.recipe import wheel
 
 VARIANTS = ("stock", "fork")
 # Seconds a process waits for another's install of the same variant folder:
 # one pip install of a keras sdist or wheel takes well under a minute here.
 INSTALL_LOCK_TIMEOUT_S = 600.0
+# The file in a variant folder holding the sha256 of what was installed.
+STAMP = ".source-sha256"
 
 
 def detect_accelerator() -> str:
@@ -61,6 +69,110 @@ def install_variants(layout: pins.Layout, base: pins.Base) -> dict[str, Path]:
         )
         for variant, source in sources.items()
     }
+
+
+class PrerequisiteError(ForkError):
+    """A cell's stock side with prerequisites cannot be built: the cell is
+    ``n/a`` for that reason (``prove.with_prerequisites``)."""
+
+
+def build_subset(layout: pins.Layout, base: pins.Base, patches, tmp: Path):
+    """Materializes ``patches`` (some of ``base``'s series, in its order) in
+    a scratch layout under ``tmp`` and builds their wheel.
+
+    Returns:
+        ``(tree, wheel)``.
+
+    Raises:
+        ForkError: a patch does not apply without the others (its name and
+            file), or the wheel does not build.
+    """
+    scratch, tree = _materialize_subset(layout, base, patches, tmp)
+    return tree, wheel.build(scratch, base, tree)
+
+
+def _materialize_subset(layout, base, patches, tmp: Path):
+    """``(scratch layout, tree)`` of ``patches`` applied to the pristine
+    sdist of ``base``, under ``tmp`` (see ``build_subset``)."""
+    tmp.mkdir(parents=True)
+    scratch = dataclasses.replace(
+        layout, patches=tmp / "patches", build=tmp / "build", dist=tmp / "dist"
+    )
+    folder = series.series_dir(scratch, base)
+    folder.mkdir(parents=True)
+    for p in patches:
+        shutil.copyfile(p, folder / p.name)
+    (folder / series.ORDER_FILE).write_text(
+        "".join(p.name + "\n" for p in patches)
+    )
+    return scratch, series.materialize(scratch, base)
+
+
+def prerequisite_patches(
+    layout: pins.Layout, base: pins.Base, needs, fix: str
+) -> list[Path]:
+    """The patches of ``base``'s series that carry the fixes ``needs``, in
+    series order: the stock side of a cell of ``fix`` with those
+    prerequisites.
+
+    Raises:
+        PrerequisiteError: a prerequisite has no patch on ``base``, or one
+            of the patches also carries ``fix`` (stock plus the
+            prerequisites would then carry the fix itself).
+    """
+    infos = {p: series.parse_patch(p) for p in series.read_series(layout, base)}
+    chosen = {p: i for p, i in infos.items() if set(i.fixes) & set(needs)}
+    absent = sorted(set(needs) - {f for i in chosen.values() for f in i.fixes})
+    if absent:
+        raise PrerequisiteError(
+            f"prerequisite {', '.join(absent)} has no patch in the "
+            f"{base.version} series"
+        )
+    shared = [i.name for i in chosen.values() if fix in i.fixes]
+    if shared:
+        raise PrerequisiteError(
+            f"the prerequisites' patch {shared[0]} also carries {fix} on "
+            f"{base.version}: stock plus the prerequisites would be the fix"
+        )
+    return list(chosen)
+
+
+def install_prerequisites(
+    layout: pins.Layout, base: pins.Base, needs, patches: list[Path]
+) -> Path:
+    """Installs stock plus ``patches`` (``prerequisite_patches``) as the
+    variant ``stock+<need>+...`` of ``base``, unless already there (a
+    stamp holds the sha256 of the sdist's pin and the patches).
+
+    Returns:
+        The variant's ``--target`` folder.
+
+    Raises:
+        PrerequisiteError: the patches do not apply alone on the pristine
+            sdist.
+        ForkError: the build or the install failed.
+    """
+    side = "+".join(("stock", *needs))
+    dest = layout.variant(base.version, side)
+    h = hashlib.sha256(base.sdist_sha256.encode())
+    for patch in patches:
+        h.update(patch.read_bytes())
+    digest = h.hexdigest()
+    if _stamp_matches(dest / STAMP, digest):
+        return dest
+    layout.build.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=layout.build, prefix=".pre.") as t:
+        try:
+            scratch, tree = _materialize_subset(
+                layout, base, patches, Path(t) / "subset"
+            )
+        except ForkError as e:
+            raise PrerequisiteError(
+                f"without the rest of the series, {e}"
+            ) from None
+        whl = wheel.build(scratch, base, tree)
+        what = f"{side} keras {base.version}"
+        return pip_install_target(dest, [str(whl)], digest, what)
 
 
 def child_env(
@@ -196,7 +308,7 @@ def pip_install_target(
         ForkError: pip failed, or another process held the lock for longer
             than ``lock_timeout`` seconds.
     """
-    stamp = dest / ".source-sha256"
+    stamp = dest / STAMP
     if _stamp_matches(stamp, digest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +351,7 @@ def _install_into(dest: Path, sources: list[str], digest: str, what: str):
         )
         if proc.returncode != 0:
             raise ForkError(f"installing {what} failed:\n{proc.stderr[-2000:]}")
-        (tmp / ".source-sha256").write_text(digest)
+        (tmp / STAMP).write_text(digest)
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)
