@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,9 +77,20 @@ class PrerequisiteError(ForkError):
     ``n/a`` for that reason (``prove.with_prerequisites``)."""
 
 
-def build_subset(layout: pins.Layout, base: pins.Base, patches, tmp: Path):
+def build_subset(
+    layout: pins.Layout,
+    base: pins.Base,
+    patches,
+    tmp: Path,
+    source_only: bool = False,
+):
     """Materializes ``patches`` (some of ``base``'s series, in its order) in
     a scratch layout under ``tmp`` and builds their wheel.
+
+    Args:
+        source_only: leave out the patches' test files (``*_test.py``): a
+            patch's test hunks may need an earlier patch's, while the wheel
+            holds the source alone.
 
     Returns:
         ``(tree, wheel)``.
@@ -87,11 +99,11 @@ def build_subset(layout: pins.Layout, base: pins.Base, patches, tmp: Path):
         ForkError: a patch does not apply without the others (its name and
             file), or the wheel does not build.
     """
-    scratch, tree = _materialize_subset(layout, base, patches, tmp)
+    scratch, tree = _materialize_subset(layout, base, patches, tmp, source_only)
     return tree, wheel.build(scratch, base, tree)
 
 
-def _materialize_subset(layout, base, patches, tmp: Path):
+def _materialize_subset(layout, base, patches, tmp: Path, source_only: bool):
     """``(scratch layout, tree)`` of ``patches`` applied to the pristine
     sdist of ``base``, under ``tmp`` (see ``build_subset``)."""
     tmp.mkdir(parents=True)
@@ -101,11 +113,21 @@ def _materialize_subset(layout, base, patches, tmp: Path):
     folder = series.series_dir(scratch, base)
     folder.mkdir(parents=True)
     for p in patches:
-        shutil.copyfile(p, folder / p.name)
+        data = p.read_bytes()
+        if source_only:
+            data = series.without_files(data, _test_files(data))
+        (folder / p.name).write_bytes(data)
     (folder / series.ORDER_FILE).write_text(
         "".join(p.name + "\n" for p in patches)
     )
     return scratch, series.materialize(scratch, base)
+
+
+def _test_files(patch: bytes) -> list[str]:
+    """The ``*_test.py`` files a ``git format-patch`` file changes."""
+    return re.findall(
+        r"(?m)^diff --git a/(\S+_test\.py) b/", patch.decode(errors="replace")
+    )
 
 
 def prerequisite_patches(
@@ -140,9 +162,10 @@ def prerequisite_patches(
 def install_prerequisites(
     layout: pins.Layout, base: pins.Base, needs, patches: list[Path]
 ) -> Path:
-    """Installs stock plus ``patches`` (``prerequisite_patches``) as the
-    variant ``stock+<need>+...`` of ``base``, unless already there (a
-    stamp holds the sha256 of the sdist's pin and the patches).
+    """Installs stock plus ``patches`` (``prerequisite_patches``; their
+    source, test files left out) as the variant ``stock+<need>+...`` of
+    ``base``, unless already there (a stamp holds the sha256 of the sdist's
+    pin and the patches).
 
     Returns:
         The variant's ``--target`` folder.
@@ -164,7 +187,7 @@ def install_prerequisites(
     with tempfile.TemporaryDirectory(dir=layout.build, prefix=".pre.") as t:
         try:
             scratch, tree = _materialize_subset(
-                layout, base, patches, Path(t) / "subset"
+                layout, base, patches, Path(t) / "subset", source_only=True
             )
         except ForkError as e:
             raise PrerequisiteError(
