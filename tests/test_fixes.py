@@ -235,3 +235,20 @@ def test_catalog_counts_a_problem_verdict_under_its_own_name():
     assert counted["guard-failed-on-stock"] == 1
     assert counted["guard"] == sum(c.expect == "guard" for c in cells) - 1
     assert counted["source"] == "dist/proof.json"
+
+
+def test_a_running_cell_whose_prerequisites_share_its_patch_is_named(
+    tmp_path,
+):
+    """On master one patch carries seeded-shuffle and shuffle-epochs: stock
+    plus shuffle-epochs would be seeded-shuffle's fix too."""
+    layout = _scratch(tmp_path)
+    toml = layout.fixes / "seeded_shuffle" / "fix.toml"
+    toml.write_text(
+        toml.read_text() + '\n[prerequisites]\n"jax/1" = ["shuffle-epochs"]\n'
+    )
+    found = catalog.problems(layout)
+    master = "3.16.0.dev2026102704-seeded-shuffle-jax-1"
+    assert [line.split(":")[0] for line in found] == [master]
+    assert "also carries seeded-shuffle" in found[0]
+    assert found[0].endswith("declare it n/a")

@@ -20,6 +20,7 @@ import json
 
 from keras_fork.outputs import replace_between
 from keras_fork.proof import fixes as fixes_lib
+from keras_fork.proof import variants
 from keras_fork.proof.runner import load_previous
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
@@ -65,7 +66,11 @@ def problems(layout: pins.Layout) -> list[str]:
       folder (a typo would silently turn that fix's unit cells ``n/a``);
     * a fix with no patch on any base;
     * a patch on a base its fix does not list in ``bases``;
-    * a fix that declares no cell for some topology on some base.
+    * a fix that declares no cell for some topology on some base;
+    * a cell that runs (not ``n/a``) whose prerequisites have no patch on
+      its base, or share a patch with its fix
+      (``variants.prerequisite_patches``): its stock side cannot be built,
+      so it must be declared ``n/a`` with the reason.
 
     Raises:
         ForkError: a fix folder or a series cannot be read.
@@ -93,6 +98,23 @@ def problems(layout: pins.Layout) -> list[str]:
             out.append(f"fix {fix.id}: no patch on any base")
         for version, missing in fixes_lib.missing_cells(fix).items():
             out.append(f"fix {fix.id} on {version}: no cell for {missing}")
+    return out + _prerequisite_problems(layout, fixes.values())
+
+
+def _prerequisite_problems(layout: pins.Layout, fixes) -> list[str]:
+    """See ``problems``: a running cell whose stock side cannot be built."""
+    bases = pins.load_bases(layout)
+    out = []
+    for fix in fixes:
+        for cell in fixes_lib.fix_cells(fix):
+            if not cell.needs or cell.expect == "n/a":
+                continue
+            try:
+                variants.prerequisite_patches(
+                    layout, bases[cell.base], cell.needs, fix.id
+                )
+            except variants.PrerequisiteError as e:
+                out.append(f"{cell.slug}: {e}; declare it n/a")
     return out
 
 
