@@ -444,7 +444,13 @@ def test_the_gate_is_on_loopback_only():
         (["--aa", "--docs"], "does not go into docs/benchmarks.md"),
         (["--aa", "--readme"], "does not go into docs/benchmarks.md"),
         (["--aa", "--work"], "no A/A run"),
-        (["--case", "no such case"], "no case matches"),
+        (["--case", "no such case"], "unknown --case 'no such case'; valid:"),
+        (["--backend", "mxnet"], "unknown --backend 'mxnet'; valid: jax,"),
+        (["--topology", "7"], "unknown --topology '7'; valid: 1, 8,"),
+        (
+            ["--case", "DDP", "--topology", "1"],
+            "no case matches",
+        ),
     ],
 )
 def test_a_refused_option_combination_exits_2(argv, message, tmp_path, capsys):

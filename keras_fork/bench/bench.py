@@ -37,6 +37,7 @@ import time
 from integration_tests.harness import topologies
 from integration_tests.harness import workers
 from keras_fork.errors import ForkError
+from keras_fork.errors import check_known
 from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import variants
@@ -759,6 +760,10 @@ def _selected_cases(args):
         )
     if args.aa and args.work:
         raise ForkError("--work counts, stock and fork once each: no A/A run")
+    check_known("--backend", args.backend, {c[2] for c in CASES})
+    check_known("--topology", args.topology, {c[3] for c in CASES})
+    names = {n for n in args.case or () if any(n in c[0] for c in CASES)}
+    check_known("--case", args.case, names | {c[0] for c in CASES})
     cases = select_cases(args.case, args.backend, args.topology)
     if not cases:
         raise ForkError("no case matches --case/--backend/--topology")

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
+from keras_fork.errors import check_known
 
 EXPECTS = ("proven", "guard")
 # A cell's verdicts (``verdict``), in report order; the problems make a
@@ -330,13 +331,7 @@ def select(cells: list[Cell], args) -> list[Cell]:
     """
     wanted = {name: getattr(args, name, None) or [] for name in FILTERS}
     for name, values in wanted.items():
-        valid = sorted({getattr(c, name) for c in cells})
-        unknown = [v for v in values if v not in valid]
-        if unknown:
-            raise ForkError(
-                f"unknown --{name} {', '.join(map(repr, unknown))}; "
-                f"valid: {', '.join(valid)}"
-            )
+        check_known(f"--{name}", values, {getattr(c, name) for c in cells})
     chosen = [
         c
         for c in cells
