@@ -409,6 +409,8 @@ def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
     # Keras's PR template: the agreement's boxes, unticked; no proof run,
     # no placeholder in the body: the cover letter says so.
     assert "## Contributor Agreement\n\n- [ ] I am a human" in body
+    assert "## AI assistance\n\nAn AI coding agent wrote this change" in body
+    assert body.index("## AI assistance") < body.index("## Contributor")
     assert "Proof" not in body and "scripts/" not in body
     assert "alone on Keras master" not in body  # no pr-check run
     cover = (out / "0000-cover-letter.patch").read_text()

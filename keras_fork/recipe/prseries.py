@@ -114,6 +114,21 @@ def issue_lines(infos: list[series.PatchInfo]) -> list[str]:
 
 # Keras's pull request template: a Description, then the contributor
 # agreement, whose boxes the person who sends the PR ticks.
+# Keras's CONTRIBUTING.md (AI-Assisted Contribution Policy): a PR says
+# that an AI agent was used, and a human author understands, tests and
+# defends every line. docs/upstream.md's submission steps ask the person
+# who sends the PR to make this true, or to edit it, before sending.
+AI_ASSISTANCE = "\n".join(
+    [
+        "## AI assistance",
+        "",
+        "An AI coding agent wrote this change, its tests and this "
+        "description. I have read and understand every line, ran the tests "
+        "on each backend they run on, and will answer review myself "
+        "(CONTRIBUTING.md, AI-Assisted Contribution Policy).",
+        "",
+    ]
+)
 AGREEMENT = "\n".join(
     [
         "## Contributor Agreement",
@@ -262,7 +277,9 @@ def render_pr_body(
     """Markdown PR body in Keras's template: the description (problem,
     change, issue line), the unit tests the patch adds, the proof cells of
     its fix when a proof run exists (none: no proof section, and nothing
-    about proof in the cover letter), and the contributor agreement.
+    about proof in the cover letter), the disclosure of AI assistance that
+    Keras's contribution policy asks for, and the contributor agreement
+    (boxes left for the person who submits).
 
     Args:
         info: the patch.
@@ -280,7 +297,7 @@ def render_pr_body(
     lines.append("")
     lines += _master_lines(master)
     lines += _proof_lines(info, base, cells)
-    return "\n".join(lines) + "\n" + AGREEMENT
+    return "\n".join(lines) + "\n" + AI_ASSISTANCE + "\n" + AGREEMENT
 
 
 def write(layout: Layout, base: Base, tree: Path) -> Path:
