@@ -209,6 +209,7 @@ class Labelled(keras.utils.PyDataset):
 
 
 def _metrics_model():
+    # Named: a second model's metrics would be `auc_1`, ...
     model = keras.Sequential(
         [
             keras.Input((3,)),
@@ -224,12 +225,12 @@ def _metrics_model():
         loss="binary_crossentropy",
         metrics=[
             "accuracy",
-            keras.metrics.AUC(num_thresholds=50),
-            keras.metrics.Precision(),
-            keras.metrics.Recall(),
-            keras.metrics.F1Score(threshold=0.5),
-            keras.metrics.R2Score(),
-            keras.metrics.MeanSquaredError(),
+            keras.metrics.AUC(num_thresholds=50, name="auc"),
+            keras.metrics.Precision(name="precision"),
+            keras.metrics.Recall(name="recall"),
+            keras.metrics.F1Score(threshold=0.5, name="f1"),
+            keras.metrics.R2Score(name="r2"),
+            keras.metrics.MeanSquaredError(name="mse"),
             MeanOfStates(),
         ],
     )
