@@ -6,8 +6,10 @@ processes (``torch/dp-2``, keras-team/keras#23316) auto-shards a
 4, ... and process 1 over 1, 3, .... Stock ``predict()`` returns only the
 rows of the process's own batches: 5 batches of 2 rows give 6 rows in
 process 0 and 4 in process 1, where one process returns all 10 in order
-(and a process without batches fails). The fork gathers the outputs after
-the last batch and returns every row, in input order, in every process.
+(and a process without batches fails). A ``tf.data.Dataset`` is
+rebatched into per-process batches and sharded the same way. The fork
+gathers the outputs after the last batch and returns every row, in input
+order, in every process.
 
 Checked with an identity model (a ``Dense`` with a kernel of ones, no
 bias), so each prediction is its input row and the comparison is exact,
@@ -137,3 +139,31 @@ def test_one_process_predicts_every_row(topology):
     dp, plain = run
     assert dp == [list(range(BATCH * n)) for n, _ in CASES], dp
     assert plain == list(range(10)), plain
+
+
+def _dp_tf_data_predictions(rank, world_size):
+    """In a ``torch/dp-2`` worker: a ``tf.data.Dataset`` of rows 0 to 9 in
+    global batches of 4, which ``DataParallel`` rebatches into per-process
+    batches of 2 and shards (the last global batch, 2 rows, goes whole to
+    process 0)."""
+    import tensorflow as tf
+
+    with workers.torch_process_group(rank, world_size, timeout=30):
+        distribution = devices.torch_processes(rank, world_size)
+        rows = np.arange(10, dtype="float32")[:, None]
+        dataset = tf.data.Dataset.from_tensor_slices(rows).batch(4)
+        with distribution.scope():
+            return [_predict(dataset, k) for k in (1, 2)]
+
+
+def test_dp_predict_tf_data_returns_every_row_in_order(topology):
+    """torch/dp-2: the same for a ``tf.data.Dataset``. Stock: ``[0, 1, 4,
+    5, 8, 9]`` and ``[2, 3, 6, 7]``. TensorFlow's import makes the
+    workers take about 45 s on 2 CPU cores; 150 s bounds the run."""
+    if topology.name != "dp-2":
+        pytest.skip("torch/dp-2 only")
+    runs = workers.run_workers(
+        f"{__name__}:_dp_tf_data_predictions", world_size=2, timeout=150
+    )
+    for rank, run in enumerate(runs):
+        assert run == [list(range(10))] * 2, f"process {rank}: {run}"
