@@ -647,3 +647,12 @@ def test_guard_since_per_backend(monkeypatch, backend, role):
     monkeypatch.setenv("PROOF_BASE", "3.16.0.dev2026102704")
     monkeypatch.setenv("KERAS_BACKEND", backend)
     assert selection.role_of(item) == role
+
+
+def test_a_failure_detail_with_brackets_prints_as_text():
+    """gloo's messages start with ``[/path/pair.cc:553]``, which rich would
+    read as a closing tag (issue 39: a prove run ended in MarkupError)."""
+    console = Console(record=True, width=200)
+    detail = "RuntimeError: [/__w/gloo/tcp/pair.cc:553] Connection closed"
+    prove._print_run(console, "run", {"outcome": "fail"}, "(1.0s)", detail)
+    assert detail in console.export_text()

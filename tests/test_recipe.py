@@ -772,20 +772,32 @@ def test_added_tests_are_module_functions_and_class_methods_only(tmp_path):
         "Why.\n---\n"
         "diff --git a/keras/src/a_test.py b/keras/src/a_test.py\n"
         "--- a/keras/src/a_test.py\n+++ b/keras/src/a_test.py\n"
-        "@@ -1,1 +1,8 @@\n"
+        "@@ -1,1 +1,12 @@\n"
         " import keras\n"
         "+def test_module_level():\n"
         "+    class T:\n"
         "+        def test_step(self, data):\n"
         "+            pass\n"
-        "+class C:\n"
+        "+class CTest(testing.TestCase):\n"
         "+    def test_method(self):\n"
         "+        pass\n"
+        "+class CustomModel(models.Sequential):\n"
+        "+    def test_step(self, data):\n"
+        "+        pass\n"
+        "@@ -20,3 +28,6 @@ class OldTest(testing.TestCase):\n"
+        "     def test_old(self):\n"
+        "         pass\n"
+        "+\n"
+        "+    def test_added(self):\n"
+        "+        pass\n"
     )
-    # The model's test_step override is not a test pytest collects.
+    # The model's test_step overrides (nested, or a method of a model
+    # class) are not tests pytest collects; a method added to a test class
+    # that only the hunk header names is.
     assert series.parse_patch(patch).added_tests() == [
         "keras/src/a_test.py::test_module_level",
         "keras/src/a_test.py::test_method",
+        "keras/src/a_test.py::test_added",
     ]
 
 

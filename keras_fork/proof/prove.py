@@ -278,8 +278,14 @@ def _summary(group, result: dict) -> dict:
 
 
 def _print_run(console, label, result, when, detail):
+    """One line a pytest run; ``detail`` (a failure message, which may
+    hold brackets, e.g. gloo's ``[/path/pair.cc:553]``) is not markup."""
+    from rich.markup import escape
+
     style = "green" if result["outcome"] == "pass" else "red"
-    console.print(f"{label}: [{style}]{result['outcome']}[/] {when} {detail}")
+    console.print(
+        f"{label}: [{style}]{result['outcome']}[/] {when} {escape(detail)}"
+    )
 
 
 def settle(p: Plan, rows: dict, console) -> None:

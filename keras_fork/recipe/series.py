@@ -145,15 +145,36 @@ class PatchInfo:
         """``path::test_name`` of each test function the diff adds: a
         module-level function or a method of a module-level class (indented
         at most 4 spaces). A deeper ``def test_...`` is nested in a test,
-        e.g. a model's ``test_step`` override, and is not collected."""
-        tests, path = [], None
+        e.g. a model's ``test_step`` override, and is not collected; nor is
+        a method of a class the diff shows is no test class (pytest
+        collects ``Test*`` classes and ``unittest.TestCase`` subclasses,
+        e.g. ``class CustomModel(models.Sequential)`` overriding
+        ``test_step``). A method whose class the diff does not show (an
+        added method in a hunk without its class line) is collected."""
+        tests, path, in_test_class = [], None, True
         for line in self.diff.splitlines():
             if line.startswith("+++ b/"):
                 path = line[6:]
-            m = re.match(r"^\+ {0,4}def (test_\w+)\(", line)
-            if m and path:
-                tests.append(f"{path}::{m.group(1)}")
+            header = re.match(r"^@@ [^@]* @@ ?(.*)$", line)
+            if header:  # git names the enclosing class or function, if any
+                in_test_class = _is_test_class(header.group(1))
+                continue
+            if re.match(r"^[+ ](class|def) ", line):
+                in_test_class = _is_test_class(line[1:])
+            m = re.match(r"^\+( {0,4})def (test_\w+)\(", line)
+            if m and path and (not m.group(1) or in_test_class):
+                tests.append(f"{path}::{m.group(2)}")
         return tests
+
+
+def _is_test_class(line: str) -> bool:
+    """Whether a module-level line opens a class pytest may collect:
+    ``class Test...`` or a base naming ``TestCase``; ``True`` when it is
+    no class line (unknown context keeps methods collected)."""
+    m = re.match(r"class (\w+)(\((.*)\))?:", line)
+    if not m:
+        return not line.startswith("def ")
+    return m.group(1).startswith("Test") or "TestCase" in (m.group(3) or "")
 
 
 def parse_patch(path: Path) -> PatchInfo:
