@@ -133,23 +133,57 @@ def _predict_uneven(strategy):
 
 
 def _uneven_first_batch(strategy):
-    """fit a subclassed (unbuilt) model on one global batch of 3 samples:
-    the replicas get 2 and 1 (and 0) samples."""
+    """fit a subclassed (unbuilt) model on one global batch of 3 samples
+    under ``strategy`` (None: one device, no strategy): the replicas get 2
+    and 1 (and 0) samples. One SGD step from fixed initial weights (a
+    constant initializer: the model stays unbuilt until ``fit``); returns
+    the step's reported loss and the weights after it."""
+    import contextlib
 
     class Subclassed(keras.Model):
         def __init__(self):
             super().__init__()
-            self.dense = keras.layers.Dense(1)
+            self.dense = keras.layers.Dense(
+                1,
+                kernel_initializer=keras.initializers.Constant(
+                    [[0.5], [-0.25], [0.75], [1.0]]
+                ),
+                bias_initializer=keras.initializers.Constant(0.1),
+            )
 
         def call(self, x):
             return self.dense(x)
 
     x, y = _data(3)
-    with strategy.scope():
+    scope = strategy.scope() if strategy else contextlib.nullcontext()
+    with scope:
         model = Subclassed()
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     history = model.fit(x, y, batch_size=3, epochs=1, verbose=0)
-    return history.history["loss"]
+    return {
+        "loss": history.history["loss"],
+        "weights": [w.ravel().tolist() for w in model.get_weights()],
+    }
+
+
+def _assert_uneven_first_batch_matches(got, want):
+    """The step on 3 samples split 2 + 1 (+ 0 + 0) over the replicas equals
+    one device's: its reported loss and the weights after it. Tolerance:
+    the replicas sum the same per-sample terms as one device in another
+    order (float32 reassociation, a few ulps of values O(1) after one
+    step); rtol 1e-5 / atol 1e-6 as ``_assert_matches``. Weighing the
+    replicas' means equally instead (stock's 1 / num_replicas scaling)
+    moves this loss by 11% (2 + 1) or 25% (1 + 1 + 1 + 0) and the weights
+    by 1e-2, far outside it.
+
+    On the fork this also needs the uneven-batch fix (each replica's loss
+    weighed by its share of the global batch) and, with an empty replica
+    (mirrored-4), the empty-replica-loss fix."""
+    tol = dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["loss"], want["loss"], **tol)
+    np.testing.assert_allclose(
+        _flat(got["weights"]), _flat(want["weights"]), **tol
+    )
 
 
 def _dropout(strategy):
@@ -291,9 +325,13 @@ def test_multiworker_predict_uneven_last_batch(topology):
 
 
 def test_multiworker_uneven_first_batch(topology):
+    """2 workers fit an unbuilt model on a first global batch of 3 samples
+    (2 + 1): the step equals one device's. Stock fails before it ("Attempt
+    to convert a value (PerReplica...)", as every multiworker fit)."""
     _require(topology, multiworker=True)
-    for loss in _worker_results("uneven_first_batch"):
-        assert np.all(np.isfinite(loss))
+    want = _uneven_first_batch(None)
+    for got in _worker_results("uneven_first_batch"):
+        _assert_uneven_first_batch_matches(got, want)
 
 
 def test_multiworker_dropout(topology):
@@ -322,7 +360,9 @@ def test_mirrored_fit_matches_one_device(topology, name):
 
 def test_mirrored_uneven_first_batch(topology):
     """A first global batch of 3 samples split 2 + 1 (+ 0 + 0) over the
-    replicas: stock fails building the model ("Inputs to operation AddN
-    ... must have the same size and shape")."""
+    replicas: the step equals one device's. Stock fails building the model
+    ("Inputs to operation AddN ... must have the same size and shape")."""
     _require(topology, multiworker=False)
-    assert np.all(np.isfinite(_uneven_first_batch(topology.strategy)))
+    _assert_uneven_first_batch_matches(
+        _uneven_first_batch(topology.strategy), _uneven_first_batch(None)
+    )
