@@ -10,8 +10,9 @@ steps and process 1 two. On stock, process 0 enters its third step's
 all-reduce alone while process 1 reduces the epoch's metrics: gloo aborts
 both (a collective size mismatch, SIGABRT) or, as the CPU runs of these
 tests show, a worker fails at the process group's timeout ("Timed out
-waiting 30000ms for send operation to complete"); NCCL would wait
-forever. The same happens when each process feeds arrays of its own size.
+waiting 30000ms for send [or recv] operation to complete") and the other
+with "Connection closed by peer"; NCCL would wait forever. The same
+happens when each process feeds arrays of its own size.
 
 The fork compares the processes' step counts before the first step and
 raises a ``ValueError`` in every process naming them. The tests check that
@@ -124,12 +125,13 @@ def _assert_refused_then_trained(target):
     2]``.
 
     Stock (the symptom this test fails on there): the processes meet in
-    mismatched collectives, and the worker that waits fails at the process
-    group's 30 s timeout (gloo: "Timed out waiting 30000ms for send
-    operation to complete", a ``RuntimeError`` out of an ``all_reduce``)
-    or aborts (a collective size mismatch, SIGABRT), so
-    ``run_workers`` raises. The workers need about 15 s on 2 CPU cores;
-    90 s bounds the whole run with room for a slow machine."""
+    mismatched collectives: a worker fails at the process group's 30 s
+    timeout (gloo: "Timed out waiting 30000ms for send [or recv] operation
+    to complete", a ``RuntimeError`` out of an ``all_reduce``), the other
+    then with "Connection closed by peer", or gloo aborts (a collective
+    size mismatch, SIGABRT); ``run_workers`` raises. The workers need
+    about 15 s on 2 CPU cores; 90 s bounds the whole run with room for a
+    slow machine."""
     runs = workers.run_workers(f"{__name__}:{target}", world_size=2, timeout=90)
     for rank, run in enumerate(runs):
         uneven = run["uneven"]
