@@ -133,23 +133,55 @@ def _predict_uneven(strategy):
 
 
 def _uneven_first_batch(strategy):
-    """fit a subclassed (unbuilt) model on one global batch of 3 samples:
-    the replicas get 2 and 1 (and 0) samples."""
+    """fit a subclassed (unbuilt) model on one global batch of 3 samples
+    under ``strategy`` (None: one device, no strategy): the replicas get 2
+    and 1 (and 0) samples. One SGD step from fixed initial weights (a
+    constant initializer: the model stays unbuilt until ``fit``); returns
+    the step's reported loss."""
+    import contextlib
 
     class Subclassed(keras.Model):
         def __init__(self):
             super().__init__()
-            self.dense = keras.layers.Dense(1)
+            self.dense = keras.layers.Dense(
+                1,
+                kernel_initializer=keras.initializers.Constant(
+                    [[0.5], [-0.25], [0.75], [1.0]]
+                ),
+                bias_initializer=keras.initializers.Constant(0.1),
+            )
 
         def call(self, x):
             return self.dense(x)
 
     x, y = _data(3)
-    with strategy.scope():
+    scope = strategy.scope() if strategy else contextlib.nullcontext()
+    with scope:
         model = Subclassed()
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     history = model.fit(x, y, batch_size=3, epochs=1, verbose=0)
-    return history.history["loss"]
+    return {"loss": history.history["loss"]}
+
+
+def _assert_uneven_first_batch_matches(got, want):
+    """The step on 3 samples split 2 + 1 (+ 0 + 0) over the replicas
+    reports one device's loss: the model was built from an uneven first
+    batch and the replicas' loss states were reduced over every sample
+    once (this fix's shape-only and metric reductions). Tolerance: the
+    replicas sum the same per-sample terms as one device in another order
+    (float32 reassociation, a few ulps of a value O(0.1)); rtol 1e-5 /
+    atol 1e-6 as ``_assert_matches``. Averaging the replicas' means
+    instead moves this loss by 11% (2 + 1) or 25% (1 + 1 + 1 + 0).
+
+    The weights after the step are not compared here: how each replica's
+    loss is weighed in the gradient is the uneven-batch fix's (and, with
+    an empty replica, empty-replica-loss's). On master's fork a global
+    batch that is the epoch's only batch and does not split evenly still
+    takes the mean of the replicas' means (weights 1e-2 away from one
+    device on mirrored-2, 2026-11-26; 3.15.1's fork matches one device),
+    which this test must not turn into a multiworker-fit failure."""
+    tol = dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["loss"], want["loss"], **tol)
 
 
 def _dropout(strategy):
@@ -291,9 +323,14 @@ def test_multiworker_predict_uneven_last_batch(topology):
 
 
 def test_multiworker_uneven_first_batch(topology):
+    """2 workers fit an unbuilt model on a first global batch of 3 samples
+    (2 + 1): the step reports one device's loss. Stock fails before it
+    ("Attempt to convert a value (PerReplica...)", as every multiworker
+    fit)."""
     _require(topology, multiworker=True)
-    for loss in _worker_results("uneven_first_batch"):
-        assert np.all(np.isfinite(loss))
+    want = _uneven_first_batch(None)
+    for got in _worker_results("uneven_first_batch"):
+        _assert_uneven_first_batch_matches(got, want)
 
 
 def test_multiworker_dropout(topology):
@@ -322,7 +359,10 @@ def test_mirrored_fit_matches_one_device(topology, name):
 
 def test_mirrored_uneven_first_batch(topology):
     """A first global batch of 3 samples split 2 + 1 (+ 0 + 0) over the
-    replicas: stock fails building the model ("Inputs to operation AddN
-    ... must have the same size and shape")."""
+    replicas: the step reports one device's loss. Stock fails building the
+    model ("Inputs to operation AddN ... must have the same size and
+    shape")."""
     _require(topology, multiworker=False)
-    assert np.all(np.isfinite(_uneven_first_batch(topology.strategy)))
+    _assert_uneven_first_batch_matches(
+        _uneven_first_batch(topology.strategy), _uneven_first_batch(None)
+    )

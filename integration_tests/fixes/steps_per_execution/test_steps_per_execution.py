@@ -11,6 +11,15 @@ just checked without the ``tf.cond``. Proof: ``fit``, ``evaluate`` and
 step per execution, on 72 samples in batches of 16 (5 steps per epoch: the
 last call has fewer steps than ``steps_per_execution``).
 
+With ``unrolled_steps_per_execution > 1`` the further steps of a loop
+iteration still need the ``tf.cond``, and several replicas still cannot
+synchronize there: stock fails the same way, in the graph, at the first
+call; the fork refuses it with a ``ValueError`` before any step (proof: the
+stock crash is an ``InvalidArgumentError`` out of a graph execution, which
+a correct Keras would not give; on multiworker-2 stock refuses ``fit`` for
+another reason first, so that test is a guard). On one device unrolled
+steps still train like one step per execution (guard).
+
 JAX and one TensorFlow device run unchanged: guards. The PyTorch backend
 of 3.15.1 accepts only ``steps_per_execution=1``; master's ``Model.fit``
 under torch ``DataParallel`` (``torch/dp-2``) runs several steps per
@@ -50,8 +59,10 @@ def _data():
     return x, y
 
 
-def _run(scope, steps_per_execution, process=None):
-    """fit, evaluate and predict from fixed initial weights under ``scope``.
+def _run(scope, steps_per_execution, process=None, unrolled=1):
+    """fit, evaluate and predict from fixed initial weights under ``scope``
+    (``unrolled``: the TensorFlow trainer's
+    ``unrolled_steps_per_execution``).
 
     ``process=(rank, world_size)``: a multi-process JAX job, where this
     process feeds its part of every global batch (``data.local_part``)
@@ -83,6 +94,8 @@ def _run(scope, steps_per_execution, process=None):
             metrics=["mae"],
             steps_per_execution=steps_per_execution,
         )
+        if unrolled != 1:
+            model.unrolled_steps_per_execution = unrolled
         history = model.fit(
             x,
             y,
@@ -214,3 +227,98 @@ def test_torch_processes_steps_per_execution_match_one_device(topology):
     if topology.name != "dp-2":
         pytest.skip("torch/dp-2 only")
     _assert_process_runs("_torch_process_runs")
+
+
+def _unrolled_fit(strategy):
+    """``fit`` with 4 steps per execution, 2 of them unrolled into each
+    loop iteration, under ``strategy`` on 32 samples in batches of 8 (one
+    execution). Returns what a ``ValueError`` left: its message, the
+    optimizer's step count and whether any weight moved; or the trained
+    weights. Any other exception propagates."""
+    x, y = _data()
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(1, kernel_initializer="ones"),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss="mse",
+            steps_per_execution=4,
+        )
+    model.unrolled_steps_per_execution = 2
+    initial = model.get_weights()
+    try:
+        model.fit(x[:32], y[:32], batch_size=8, verbose=0)
+    except ValueError as e:
+        optimizer = model.optimizer
+        return {
+            "refused": str(e),
+            "steps": int(keras.ops.convert_to_numpy(optimizer.iterations))
+            if optimizer.built
+            else 0,
+            "weights_moved": any(
+                not np.array_equal(w, w0)
+                for w, w0 in zip(model.get_weights(), initial)
+            ),
+        }
+    return {"trained": [np.ravel(w).tolist() for w in model.get_weights()]}
+
+
+def _assert_refused_before_any_step(result, where=""):
+    assert "refused" in result, f"{where} trained: {result}"
+    assert result["steps"] == 0, f"{where} {result}"
+    assert not result["weights_moved"], f"{where} {result}"
+
+
+def test_unrolled_steps_with_several_replicas_are_refused(topology):
+    """``unrolled_steps_per_execution=2`` with several replicas in one
+    process: ``fit`` raises a ``ValueError`` before any step (no optimizer
+    step, no weight moved), then the fork's message names the setting.
+    Stock crashes instead (the symptom this test fails on there): the
+    first call's graph execution raises ``InvalidArgumentError: ... You
+    must feed a value for placeholder tensor`` (``while/cond/Placeholder``,
+    keras-team/keras#19246's error), after the optimizer has counted a
+    step."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("unrolled_steps_per_execution is the TensorFlow trainer's")
+    if topology.strategy is None or topology.num_replicas == 1:
+        pytest.skip("needs a tf.distribute strategy of several replicas")
+    result = _unrolled_fit(topology.strategy)
+    _assert_refused_before_any_step(result)
+    assert "unrolled_steps_per_execution" in result["refused"], result
+
+
+def _multiworker_unrolled(rank, world_size):
+    return _unrolled_fit(devices.multi_worker_strategy(rank))
+
+
+@pytest.mark.fix("steps-per-execution", role="guard")
+def test_multiworker_unrolled_steps_are_refused(topology):
+    """multiworker-2: each worker's ``fit`` with unrolled steps raises a
+    ``ValueError`` before any step, and both workers finish (no collective
+    left waiting). A guard: stock refuses it before any step too, for
+    another reason (``fit`` under MultiWorkerMirroredStrategy fails
+    building its step, "Attempt to convert a value (PerReplica...)": the
+    multiworker-fit fix), so the fork's message is not checked here (the
+    in-process test and the unit test check it)."""
+    if topology.name != "multiworker-2":
+        pytest.skip("multiworker-2 only")
+    runs = workers.run_workers(
+        f"{__name__}:_multiworker_unrolled", world_size=2, timeout=120
+    )
+    for rank, result in enumerate(runs):
+        _assert_refused_before_any_step(result, where=f"worker {rank}:")
+
+
+@pytest.mark.fix("steps-per-execution", role="guard")
+def test_unrolled_steps_on_one_device_match_one_step(topology):
+    """One TensorFlow device: 4 steps per execution, 2 of them unrolled,
+    equal one step per execution (the fork runs the first unrolled step of
+    each loop iteration without its ``tf.cond``; stock trains the same)."""
+    if keras.backend.backend() != "tensorflow" or not topology.one_device:
+        pytest.skip("tensorflow/1 only")
+    expected = _run(contextlib.nullcontext(), 1)
+    _assert_same(_run(contextlib.nullcontext(), 4, unrolled=2), expected)

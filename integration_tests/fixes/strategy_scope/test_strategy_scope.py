@@ -26,6 +26,17 @@ devices of one process (where its failure is shown; not on GPUs, see
 docs/gpu.md) raise a ``ValueError`` at ``compile()``/``fit()`` that names
 the cause and the fix.
 
+What each proof test checks is what stock does wrong, never the fork's
+message alone: a trajectory (stock crashes where the fork trains), or a
+crash that a correct Keras would not give a user (``RuntimeError`` from
+``tf.distribute``'s scope stack, ``InvalidArgumentError`` from a graph
+execution) where the fork raises a ``ValueError`` before any weight moves;
+the fork's message is checked after that. Where stock already refuses the
+misuse with a ``ValueError`` before training (a built optimizer: the error
+one device gives too; weights created outside of the scope: TensorFlow's
+``colocate_vars_with`` error), the fork only refuses it earlier and in
+other words: those tests are guards (refused, nothing trained).
+
 Every trajectory is also checked against plain NumPy gradient descent (a
 linear model, MSE, SGD with momentum), so "the same as all-inside" compares
 with a run that is itself right. On one device (default strategy) nothing
@@ -149,6 +160,19 @@ def _needs_strategy(topology):
         pytest.skip("needs a tf.distribute strategy (mirrored-N)")
 
 
+def _assert_untrained(model):
+    """Refused before any step: the weights that exist (a lazy model may
+    have none) are still the initial ones, bit for bit, and the
+    optimizer, where built, has applied no step."""
+    weights = model.get_weights()
+    if weights:
+        np.testing.assert_array_equal(weights[0], KERNEL)
+        np.testing.assert_array_equal(weights[1], np.zeros(1, "float32"))
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and optimizer.built:
+        assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 0
+
+
 @pytest.mark.fix("strategy-scope", role="guard")
 def test_all_inside_and_compile_fit_outside_follow_numpy(topology):
     """Model and optimizer created in the scope: compile/fit/evaluate/predict
@@ -184,19 +208,26 @@ def test_optimizer_created_outside_scope(topology):
         _assert_same(_train(model), expected)
 
 
-def test_built_optimizer_from_outside_scope_fails_at_compile(topology):
+@pytest.mark.fix("strategy-scope", role="guard")
+def test_built_optimizer_from_outside_scope_is_refused(topology):
     """An optimizer already built outside of the scope (it has slot
-    variables) cannot move: ``compile()`` raises a ValueError naming the
-    optimizer and the fix. Stock: compile passes, fit crashes."""
+    variables for other weights) cannot move to the model's strategy: it is
+    refused with a ``ValueError`` before any step. A guard: stock refuses
+    it too, at the first step of ``fit`` ("Unknown variable ... can only be
+    called for the variables it was originally built with"), the error a
+    built optimizer gives on one device without any strategy; the fork
+    raises at ``compile()`` and names the scope (its unit tests check the
+    message)."""
     _needs_strategy(topology)
+    x, y = _data()
     optimizer = _optimizer()
     optimizer.build([keras.Variable(np.ones((2,), "float32"))])
     with topology.scope():
         model = _model()
-        with pytest.raises(
-            ValueError, match=r"optimizer sgd.*inside `with strategy.scope"
-        ):
+        with pytest.raises(ValueError):
             model.compile(optimizer, "mse")
+            model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    _assert_untrained(model)
 
 
 def test_lazy_model_first_called_outside_scope(topology):
@@ -241,45 +272,86 @@ def test_save_outside_load_inside_or_outside(topology):
     _assert_same(_train(outside), expected)
 
 
-def test_model_created_outside_scope_fails_early(topology):
-    """A model created outside of any scope (built, or lazy without
-    ``Input``): ``compile()`` inside the scope, or ``fit()`` inside after
-    compiling outside, raises a ValueError naming the cause and the fix.
-    Stock: ``colocate_vars_with must only be passed a variable created in
-    this tf.distribute.Strategy.scope()``, ``Mixing different
-    tf.distribute.Strategy objects`` or ``InvalidArgumentError`` in fit."""
-    _needs_strategy(topology)
+OUTSIDE_MESSAGE = "created outside of any `tf.distribute` strategy scope"
+
+
+def _compile_fit_outside_model(topology, lazy, compile_inside):
+    """A model created outside of any scope, compiled inside or outside of
+    the strategy's scope, then fit inside; returns the model and the
+    ``ValueError`` that refused it (any other exception propagates)."""
     x, y = _data()
-    message = r"created outside of any `tf.distribute` strategy scope"
-    for lazy in (False, True):
-        model = _model(lazy)
-        with topology.scope(), pytest.raises(ValueError, match=message):
-            model.compile(_optimizer(), "mse")
-            model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
-        model = _model(lazy)
+    model = _model(lazy)
+    if not compile_inside:
         model.compile(_optimizer(), "mse")
-        with topology.scope(), pytest.raises(ValueError, match=message):
-            model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    with topology.scope(), pytest.raises(ValueError) as refused:
+        if compile_inside:
+            model.compile(_optimizer(), "mse")
+        model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    return model, refused.value
 
 
-def test_layers_built_outside_scope_fail_at_compile(topology):
+@pytest.mark.parametrize(
+    "lazy, compile_inside",
+    [(False, False), (True, False), (True, True)],
+    ids=["compile_outside", "lazy_compile_outside", "lazy_compile_inside"],
+)
+def test_model_created_outside_scope_is_refused_before_training(
+    topology, lazy, compile_inside
+):
+    """A model created outside of any scope (built, or lazy without
+    ``Input``), fit inside the scope: a ``ValueError`` before any weight
+    moves, then the fork's message names the cause. Stock crashes instead
+    (the symptom this test fails on there): compiled outside, ``fit``
+    raises ``RuntimeError: Mixing different tf.distribute.Strategy
+    objects`` from TensorFlow's scope stack when it builds the optimizer;
+    lazy and compiled inside, the first step's graph execution fails with
+    ``InvalidArgumentError`` (a placeholder of its ``tf.cond`` not fed)."""
+    _needs_strategy(topology)
+    model, refused = _compile_fit_outside_model(topology, lazy, compile_inside)
+    _assert_untrained(model)
+    assert OUTSIDE_MESSAGE in str(refused), refused
+
+
+@pytest.mark.fix("strategy-scope", role="guard")
+def test_built_model_created_outside_scope_compiled_inside_is_refused(
+    topology,
+):
+    """A built model created outside of any scope, compiled and fit inside:
+    refused with a ``ValueError`` before any weight moves. A guard: stock
+    refuses it too, when ``fit`` builds the optimizer's slots
+    (TensorFlow's "`colocate_vars_with` must only be passed a variable
+    created in this tf.distribute.Strategy.scope()"); the fork raises at
+    ``compile()`` with its own message (its unit tests check it)."""
+    _needs_strategy(topology)
+    model, _ = _compile_fit_outside_model(topology, False, True)
+    _assert_untrained(model)
+
+
+@pytest.mark.fix("strategy-scope", role="guard")
+def test_layers_built_outside_scope_are_refused(topology):
     """A model created in the scope around a sub-model built outside of it
-    (its trainable weights are plain variables): ``compile()`` raises a
-    ValueError naming the weights. Stock: ``colocate_vars_with`` in fit."""
+    (its trainable weights are plain variables): refused with a
+    ``ValueError`` before any weight moves. A guard: stock refuses it too,
+    with TensorFlow's ``colocate_vars_with`` error when ``fit`` builds the
+    optimizer; the fork raises at ``compile()`` naming the weights (its
+    unit tests check the message)."""
     _needs_strategy(topology)
     base = _model()
     with topology.scope():
         model = keras.Sequential([keras.Input((FEATURES,)), base])
-        with pytest.raises(ValueError, match="created outside of it"):
+        with pytest.raises(ValueError):
             model.compile(_optimizer(), "mse")
             model.fit(*_data(), batch_size=GLOBAL_BATCH, verbose=0)
+    _assert_untrained(model)
 
 
 def test_jit_compile_true_is_refused_auto_trains(topology):
-    """``jit_compile=True`` with several replicas raises a ValueError that
-    says it is unsupported and to use False/"auto"; ``"auto"`` trains along
-    the NumPy trajectory. Stock: ``InvalidArgumentError: Trying to access
-    resource ... located in device CPU:1 from device CPU:0`` in fit."""
+    """``jit_compile=True`` with several replicas: a ``ValueError`` before
+    any weight moves, then the fork's message says it is unsupported;
+    ``"auto"`` trains along the NumPy trajectory. Stock crashes instead
+    (the symptom this test fails on there): the first step's graph
+    execution raises ``InvalidArgumentError: Trying to access resource
+    ... located in device CPU:1 from device CPU:0``."""
     _needs_strategy(topology)
     if topology.num_replicas == 1:
         pytest.skip("needs more than one replica")
@@ -290,9 +362,12 @@ def test_jit_compile_true_is_refused_auto_trains(topology):
         )
     with topology.scope():
         model = _model()
-        with pytest.raises(ValueError, match="`jit_compile=True` is not"):
+        with pytest.raises(ValueError) as refused:
             model.compile(_optimizer(), "mse", jit_compile=True)
             model.fit(*_data(), batch_size=GLOBAL_BATCH, verbose=0)
+    _assert_untrained(model)
+    assert "`jit_compile=True` is not" in str(refused.value), refused.value
+    with topology.scope():
         model = _model()
         model.compile(_optimizer(), "mse", jit_compile="auto")
         _assert_right(_train(model))

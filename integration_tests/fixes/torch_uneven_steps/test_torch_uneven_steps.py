@@ -8,11 +8,16 @@ gradients over the processes. ``DataParallel`` auto-shards a ``PyDataset``
 by ``data_shard_id``: 5 batches over 2 processes give process 0 three
 steps and process 1 two. On stock, process 0 enters its third step's
 all-reduce alone while process 1 reduces the epoch's metrics: gloo aborts
-both (a collective size mismatch, SIGABRT); NCCL would wait forever. The
-same happens when each process feeds arrays of its own size.
+both (a collective size mismatch, SIGABRT) or, as the CPU runs of these
+tests show, a worker fails at the process group's timeout ("Timed out
+waiting 30000ms for send [or recv] operation to complete") and the other
+with "Connection closed by peer"; NCCL would wait forever. The same
+happens when each process feeds arrays of its own size.
 
 The fork compares the processes' step counts before the first step and
-raises a ``ValueError`` in every process naming them. An even split trains
+raises a ``ValueError`` in every process naming them. The tests check that
+symptom first (both workers finish, each refused before its first step),
+the fork's message after it. An even split trains
 as before (checked in the same workers), and so does one process (guard).
 """
 
@@ -49,14 +54,22 @@ class Batches(keras.utils.PyDataset):
 def _fit(scope, x):
     """Two epochs of ``fit`` on ``x`` (a ``PyDataset`` or arrays in batches
     of ``BATCH``) under ``scope``; returns ``"trained"`` with the number of
-    steps of the last epoch, or the ``ValueError`` it raised."""
+    steps of the last epoch, or the ``ValueError`` it raised with the
+    number of steps that had run before it (any other exception
+    propagates: the worker exits with it)."""
     with scope:
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
         steps = []  # the last epoch's
+        ran = []  # every epoch's
+
+        def batch_end(batch, logs):
+            steps.append(batch)
+            ran.append(batch)
+
         callback = keras.callbacks.LambdaCallback(
             on_epoch_begin=lambda epoch, logs: steps.clear(),
-            on_train_batch_end=lambda batch, logs: steps.append(batch),
+            on_train_batch_end=batch_end,
         )
         kwargs = (
             {}
@@ -69,7 +82,7 @@ def _fit(scope, x):
         try:
             model.fit(x, epochs=2, verbose=0, callbacks=[callback], **kwargs)
         except ValueError as e:
-            return {"error": str(e)}
+            return {"error": str(e), "steps_run": len(ran)}
     return {"trained": len(steps)}
 
 
@@ -106,18 +119,28 @@ def _ddp_runs(rank, world_size):
 
 
 def _assert_refused_then_trained(target):
-    """Both processes raise the ``ValueError`` naming the counts ``[3,
-    2]``, then the even split trains 2 steps an epoch in both.
+    """Both processes finish: each refuses the uneven split with a
+    ``ValueError`` before its first step, then trains the even split 2
+    steps an epoch; after that, the fork's message names the counts ``[3,
+    2]``.
 
-    Stock: gloo aborts a worker, or both wait in mismatched collectives
-    until the process group's 30 s timeout. The workers need about 15 s on
-    2 CPU cores; 90 s bounds the whole run with room for a slow machine."""
+    Stock (the symptom this test fails on there): the processes meet in
+    mismatched collectives: a worker fails at the process group's 30 s
+    timeout (gloo: "Timed out waiting 30000ms for send [or recv] operation
+    to complete", a ``RuntimeError`` out of an ``all_reduce``), the other
+    then with "Connection closed by peer", or gloo aborts (a collective
+    size mismatch, SIGABRT); ``run_workers`` raises. The workers need
+    about 15 s on 2 CPU cores; 90 s bounds the whole run with room for a
+    slow machine."""
     runs = workers.run_workers(f"{__name__}:{target}", world_size=2, timeout=90)
     for rank, run in enumerate(runs):
-        assert "[3, 2] training steps per epoch" in run["uneven"].get(
-            "error", ""
-        ), f"process {rank}: {run['uneven']}"
+        uneven = run["uneven"]
+        assert uneven.get("steps_run") == 0, f"process {rank}: {uneven}"
         assert run["even"] == {"trained": 2}, f"process {rank}: {run}"
+    for rank, run in enumerate(runs):
+        assert "[3, 2] training steps per epoch" in run["uneven"]["error"], (
+            f"process {rank}: {run['uneven']}"
+        )
 
 
 def test_dp_uneven_auto_shard_is_refused(topology):
