@@ -1,5 +1,6 @@
 """A tiny fake upstream keras sdist for testing the recipe without PyPI."""
 
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -77,3 +78,17 @@ def make_layout(root: Path, sha256: str, fork_build: int = 1) -> pins.Layout:
     (layout.patches / VERSION).mkdir(parents=True)
     (layout.patches / VERSION / ".patches").write_text("")
     return layout
+
+
+def make_upstream(tmp_path: Path):
+    """The fake sdist (in ``tmp_path/upstream``), a layout under
+    ``tmp_path/repo`` pinning it with its sdist already in the cache, and
+    its base: ``(layout, base, sdist path outside the cache)``."""
+    src = tmp_path / "upstream"
+    src.mkdir()
+    archive = make_sdist(src)
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    layout = make_layout(tmp_path / "repo", sha)
+    layout.cache.mkdir(parents=True)
+    (layout.cache / archive.name).write_bytes(archive.read_bytes())
+    return layout, pins.get_base(layout, VERSION), archive

@@ -2,7 +2,6 @@
 on stock, and built as stock plus exactly those fixes' patches (on a fake
 upstream: no network)."""
 
-import hashlib
 import subprocess
 import sys
 
@@ -13,7 +12,6 @@ from keras_fork.proof import fixes
 from keras_fork.proof import groups
 from keras_fork.proof import prove
 from keras_fork.proof import variants
-from keras_fork.recipe import pins
 from keras_fork.recipe import series
 from tests import fake_upstream as fake
 
@@ -86,14 +84,7 @@ def two_fixes(tmp_path):
     and a new test file) and ``helper`` (a new module, and a test in the
     test file ``reverse`` adds: its test hunk cannot apply without it).
     Returns ``(layout, base, [reverse patch, helper patch])``."""
-    src = tmp_path / "upstream"
-    src.mkdir()
-    archive = fake.make_sdist(src)
-    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
-    layout = fake.make_layout(tmp_path / "repo", sha)
-    layout.cache.mkdir(parents=True)
-    (layout.cache / archive.name).write_bytes(archive.read_bytes())
-    base = pins.get_base(layout, fake.VERSION)
+    layout, base, _ = fake.make_upstream(tmp_path)
     tree = series.materialize(layout, base)
     env = series.git_env(fake.EPOCH)
     edits = [

@@ -26,14 +26,7 @@ from tests import fake_upstream as fake
 @pytest.fixture
 def upstream(tmp_path):
     """(layout, base, sdist path outside the cache)."""
-    src = tmp_path / "upstream"
-    src.mkdir()
-    archive = fake.make_sdist(src)
-    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
-    layout = fake.make_layout(tmp_path / "repo", sha)
-    layout.cache.mkdir(parents=True)
-    (layout.cache / archive.name).write_bytes(archive.read_bytes())
-    return layout, pins.get_base(layout, fake.VERSION), archive
+    return fake.make_upstream(tmp_path)
 
 
 def _add_fix(layout, base, tree):
