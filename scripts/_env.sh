@@ -4,8 +4,9 @@
 #   ensure_env test    + tensorflow-cpu, jax, torch (CPU), ruff
 # A stamp (hash of the inputs) skips pip when nothing changed.
 # KERAS_FORK_VENV names another environment folder: scripts/test builds first
-# from one made from requirements/build.txt alone (.venvs/build), so that a
-# build dependency missing from build.txt fails CI (issue 37).
+# from one made from requirements/build.txt alone (build/venv, git-ignored
+# with the other build outputs), so that a build dependency missing from
+# build.txt fails CI (issue 37).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${KERAS_FORK_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
