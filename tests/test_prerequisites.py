@@ -2,6 +2,7 @@
 on stock, and built as stock plus exactly those fixes' patches (on a fake
 upstream: no network)."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -130,6 +131,12 @@ def test_stock_plus_a_prerequisite_has_its_source_and_nothing_else(two_fixes):
     stamp = (dest / variants.STAMP).read_text()
     again = variants.install_prerequisites(layout, base, ("helper",), patches)
     assert again == dest and (dest / variants.STAMP).read_text() == stamp
+    # A new fork build number: the wheel reports another version, so the
+    # variant is installed again (the harness checks the version).
+    bumped = dataclasses.replace(base, fork_build=base.fork_build + 1)
+    variants.install_prerequisites(layout, bumped, ("helper",), patches)
+    assert (dest / variants.STAMP).read_text() != stamp
+    assert list(dest.glob(f"keras-{bumped.fork_version}.dist-info"))
 
 
 def test_prerequisites_that_cannot_stand_apart_are_named(two_fixes):

@@ -165,7 +165,7 @@ def install_prerequisites(
     """Installs stock plus ``patches`` (``prerequisite_patches``; their
     source, test files left out) as the variant ``stock+<need>+...`` of
     ``base``, unless already there (a stamp holds the sha256 of the sdist's
-    pin and the patches).
+    pin, the fork version the wheel reports, and the patches).
 
     Returns:
         The variant's ``--target`` folder.
@@ -177,7 +177,9 @@ def install_prerequisites(
     """
     side = "+".join(("stock", *needs))
     dest = layout.variant(base.version, side)
-    h = hashlib.sha256(base.sdist_sha256.encode())
+    # The wheel reports the fork's version (checked by the harness), so a
+    # new fork build number is a new install even with the same patches.
+    h = hashlib.sha256(f"{base.sdist_sha256} {base.fork_version}".encode())
     for patch in patches:
         h.update(patch.read_bytes())
     digest = h.hexdigest()
