@@ -12,12 +12,12 @@ from rich.console import Console
 
 from integration_tests.harness import data
 from integration_tests.harness import devices
+from integration_tests.harness import junit
 from integration_tests.harness import selection
 from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 from keras_fork.proof import fixes
 from keras_fork.proof import groups
-from keras_fork.proof import junit
 from keras_fork.proof import prove
 from keras_fork.proof import runner
 from keras_fork.proof import variants

@@ -15,9 +15,9 @@ import dataclasses
 from pathlib import Path
 
 from integration_tests.harness import topologies
+from integration_tests.harness.junit import read_junit
 from integration_tests.harness.selection import is_added_test
 from keras_fork.proof.fixes import Cell
-from keras_fork.proof.junit import read_junit
 from keras_fork.recipe import pins
 
 

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait
 
 from integration_tests.harness import topologies
+from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
 from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
@@ -43,7 +44,6 @@ from keras_fork.proof import groups as groups_lib
 from keras_fork.proof import runner
 from keras_fork.proof import variants as variants_lib
 from keras_fork.proof.fixes import Cell
-from keras_fork.proof.junit import read_junit
 from keras_fork.proof.variants import VARIANTS
 from keras_fork.recipe import pins
 

@@ -20,20 +20,17 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from integration_tests.harness import progress as progress_plugin
-from integration_tests.harness import topologies
+from integration_tests.harness import run
+from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
 from keras_fork.proof.fixes import Cell
 from keras_fork.proof.groups import Group
 from keras_fork.proof.groups import UnitTests
-from keras_fork.proof.junit import read_junit
 from keras_fork.proof.variants import child_env
 from keras_fork.recipe import pins
 
@@ -120,28 +117,27 @@ def run_group(
         error, no test ran, or killed for want of progress); then
         ``unfinished`` names the test it was in, if any.
     """
-    env = child_env(
-        where.keras_dir,
-        where.overlay,
-        {
-            **dict(where.extra_env),
-            **topologies.env_for(
-                group.backend, group.topology, where.accelerator
-            ),
-        },
-    )
     junit.parent.mkdir(parents=True, exist_ok=True)
     junit.unlink(missing_ok=True)
     log, progress = junit.with_suffix(".log"), junit.with_suffix(".progress")
     progress.unlink(missing_ok=True)
+    topology_env = run.fixes_env(
+        group.backend,
+        group.topology,
+        where.accelerator,
+        group.fixes,
+        progress,
+        group.base,
+    )
+    env = child_env(
+        where.keras_dir,
+        where.overlay,
+        {**dict(where.extra_env), **topology_env},
+    )
     env.update(
-        PROOF_FIX=",".join(group.fixes),
-        PROOF_BASE=group.base,
         PROOF_VARIANT=group.variant,
         PROOF_KERAS_DIR=str(where.keras_dir),
         PROOF_KERAS_VERSION=where.keras_version,
-        PYTHONDONTWRITEBYTECODE="1",
-        **{progress_plugin.ENV: str(progress)},
     )
     unit = group.unit
     if unit is not None and group.variant == "stock":
@@ -149,7 +145,7 @@ def run_group(
     cmd, cwd = _pytest_command(group, unit, where.fixes, junit, timeout)
     grace = GRACE if grace is None else grace
     start = time.monotonic()
-    code = run_bounded(cmd, cwd, env, log, timeout + grace, progress)
+    code = run.run_bounded(cmd, cwd, env, log, timeout + grace, progress)
     seconds = round(time.monotonic() - start, 1)
     result = _run_result(junit, log, code, timeout + grace, seconds)
     if result["outcome"] == "error":
@@ -185,73 +181,15 @@ def run_variant(
 
 def _pytest_command(group: Group, unit, fixes: Path, junit, timeout):
     """The pytest command line of one run (``unit``: ``group.unit``), and
-    its working folder."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-p",
-        progress_plugin.__name__,
-        "-rfE",
-        f"--junitxml={junit}",
-        "-o",
-        "junit_family=xunit1",
-        f"--timeout={int(timeout)}",
-    ]
+    its working folder (``run.pytest_command``)."""
     if unit is None:
-        folders = {fixes / fix.replace("-", "_") for fix in group.fixes}
-        return cmd + [str(f) for f in sorted(folders)], pins.REPO_ROOT
+        folders = {run.fix_folder(fixes, fix) for fix in group.fixes}
+        paths = sorted(folders)
+        return run.pytest_command(paths, junit, timeout), pins.REPO_ROOT
     cwd = junit.with_suffix(".unit")
     _unit_workdir(cwd, unit)
-    return cmd + ["--rootdir", str(cwd), str(cwd)], cwd
-
-
-def run_bounded(
-    cmd, cwd, env, log: Path, limit: float, progress: Path | None = None
-) -> int | None:
-    """Runs ``cmd`` in its own session with its output in ``log``.
-
-    Args:
-        limit: seconds the run may take; with ``progress``, seconds it may
-            go without the ``progress`` file growing (``harness.progress``
-            writes a line as each test starts and ends).
-
-    Returns:
-        The exit status, or None when it ran past ``limit``: its whole
-        process group is then killed (SIGKILL) and reaped.
-    """
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        last, size = time.monotonic(), _size(progress)
-        while True:
-            try:
-                return proc.wait(timeout=min(1.0, limit))
-            except subprocess.TimeoutExpired:
-                now = time.monotonic()
-                if progress is not None and _size(progress) != size:
-                    last, size = now, _size(progress)
-                if now - last > limit:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    return None
-
-
-def _size(path: Path | None) -> int:
-    """``path``'s size in bytes; -1 when there is no such file."""
-    try:
-        return path.stat().st_size
-    except (AttributeError, OSError):
-        return -1
+    cmd = run.pytest_command([cwd], junit, timeout)
+    return cmd[:-1] + ["--rootdir", str(cwd), str(cwd)], cwd
 
 
 def _run_result(junit, log, code, limit, seconds) -> dict:

@@ -28,9 +28,9 @@ import dataclasses
 import json
 from pathlib import Path
 
+from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
 from keras_fork.outputs import write_atomic
-from keras_fork.proof.junit import read_junit
 from keras_fork.recipe import pins
 
 STAGES_FILE = "test-stages.tsv"

@@ -35,13 +35,13 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from integration_tests.harness.junit import read_junit
+from integration_tests.harness.run import run_bounded
 from keras_fork import outputs
 from keras_fork.errors import ForkError
 from keras_fork.proof import bisect
 from keras_fork.proof import fixes
 from keras_fork.proof import variants
-from keras_fork.proof.junit import read_junit
-from keras_fork.proof.runner import run_bounded
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
 

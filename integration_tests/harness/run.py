@@ -1,0 +1,125 @@
+"""One way to run a fix's tests: a bounded pytest process per backend and
+topology, whichever keras it imports.
+
+``verify`` (any installed keras) and the proof matrix of ``keras_fork``
+(stock against fork) both start their pytest processes through this
+module: the same command line (``pytest_command``), the same environment
+for a topology (``fixes_env``, from ``topologies.env_for``), the same
+bound on a run that stops making progress (``run_bounded``), and the same
+reading of the JUnit file it writes (``junit.read_junit``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from integration_tests.harness import progress as progress_plugin
+from integration_tests.harness import selection
+from integration_tests.harness import topologies
+
+
+def fix_folder(fixes: Path, fix: str) -> Path:
+    """The folder of fix ``fix`` under ``fixes``: its id with ``-`` as
+    ``_`` (a Python package, so that workers import its tests by name)."""
+    return fixes / fix.replace("-", "_")
+
+
+def pytest_command(paths, junit: Path, timeout: float) -> list[str]:
+    """The command line of one run: this interpreter's pytest on ``paths``
+    (folders or files), quiet, with the progress plugin
+    (``harness.progress``), the reasons of failures and errors, an xunit1
+    JUnit file at ``junit`` (``junit.read_junit`` reads it), no cache
+    folder, and ``timeout`` seconds a test (pytest-timeout).
+    """
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-p",
+        progress_plugin.__name__,
+        "-rfE",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit1",
+        f"--timeout={int(timeout)}",
+        *[str(p) for p in paths],
+    ]
+
+
+def fixes_env(
+    backend: str,
+    topology: str,
+    accelerator: str,
+    fixes,
+    progress: Path,
+    base: str | None = None,
+) -> dict[str, str]:
+    """The variables a run sets for its process, over the environment it
+    inherits: its topology's (``topologies.env_for``), the fixes whose
+    tests it collects (``selection.ENV``), the base whose cells they are
+    (``PROOF_BASE``, read by ``selection.role_of``; none: no base) and
+    the progress file (``harness.progress``).
+
+    Raises:
+        KeyError: unknown (backend, topology).
+    """
+    env = topologies.env_for(backend, topology, accelerator)
+    env[selection.ENV] = ",".join(fixes)
+    env[progress_plugin.ENV] = str(progress)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if base:
+        env["PROOF_BASE"] = base
+    return env
+
+
+def run_bounded(
+    cmd, cwd, env, log: Path, limit: float, progress: Path | None = None
+) -> int | None:
+    """Runs ``cmd`` in its own session with its output in ``log``.
+
+    Args:
+        limit: seconds the run may take; with ``progress``, seconds it may
+            go without the ``progress`` file growing (``harness.progress``
+            writes a line as each test starts and ends).
+
+    Returns:
+        The exit status, or None when it ran past ``limit``: its whole
+        process group is then killed (SIGKILL) and reaped.
+    """
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        last, size = time.monotonic(), _size(progress)
+        while True:
+            try:
+                return proc.wait(timeout=min(1.0, limit))
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if progress is not None and _size(progress) != size:
+                    last, size = now, _size(progress)
+                if now - last > limit:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    return None
+
+
+def _size(path: Path | None) -> int:
+    """``path``'s size in bytes; -1 when there is no such file."""
+    try:
+        return path.stat().st_size
+    except (AttributeError, OSError):
+        return -1
