@@ -7,6 +7,8 @@ Verbs (the ``scripts/`` entry points call these):
   check    fail when re-exporting the materialized tree changes patches/
   rebase   move a base's series onto another pinned base (git rebase)
   prove    run the stock-vs-fork proof matrix            (proof)
+  verify   the fix tests against the installed keras, on this machine's
+           devices (the tests wheel's runner)
   bisect   every shorter prefix of each series builds and passes its tests
   fixes    the fix catalog: bases, issue, upstream status, cells, patches
   timings  where the last scripts/test run's time went (dist/timings.json)
@@ -45,6 +47,10 @@ VERBS = {
     "check": (_RECIPE, "re-export must reproduce patches/"),
     "rebase": ("keras_fork.recipe.rebase", "move a series onto a new base"),
     "prove": ("keras_fork.proof.prove", "run the stock-vs-fork proof matrix"),
+    "verify": (
+        "keras_fork.proof.verify",
+        "the fix tests against the installed keras",
+    ),
     "bisect": ("keras_fork.proof.bisect", "every series prefix builds, passes"),
     "fixes": ("keras_fork.proof.catalog", "the fix catalog and its cells"),
     "timings": ("keras_fork.proof.timings", "where a test run's time went"),

@@ -17,6 +17,7 @@ from integration_tests.harness import workers
 from integration_tests.harness.topologies import MULTI_PROCESS
 from integration_tests.harness.topologies import TOPOLOGIES
 from integration_tests.harness.topologies import on_gpu
+from integration_tests.harness.topologies import shared_gpu
 
 
 @dataclasses.dataclass
@@ -173,6 +174,11 @@ def torch_processes(rank: int, world_size: int):
     NCCL on the one GPU ``run_workers`` gives each worker. Only Keras
     master has it on torch (keras-team/keras#23316).
 
+    In one-GPU mode (``topologies.shared_gpu``) the process group is
+    made first, over gloo: ``initialize`` would pick NCCL for a CUDA
+    device, which refuses two ranks on one GPU, and it keeps a group that
+    exists.
+
     Returns:
         ``keras.distribution.DataParallel`` over every process's devices
         (auto-sharding: ``fit`` on a ``PyDataset`` trains each process on
@@ -180,6 +186,11 @@ def torch_processes(rank: int, world_size: int):
         ``data_shard_id``).
     """
     import keras
+
+    if shared_gpu():
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
     keras.distribution.initialize(
         job_addresses=(

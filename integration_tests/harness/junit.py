@@ -18,7 +18,8 @@ class JUnitResult:
     (passed/failure/error/skipped), role (``proof`` unless the test's
     ``role`` property says otherwise), fix (its ``fix`` property, or
     None), time (seconds, setup and teardown included) and text (the first
-    line of its failure or error message, or ""); ``first_failure``:
+    line of its failure or error message, or ""), skip (the first line
+    of its skip reason, or ""); ``first_failure``:
     "name: first message line" of the first failed or erroring case, or "".
     """
 
@@ -46,15 +47,18 @@ def read_junit(path: Path) -> JUnitResult:
 
 
 def _case(node) -> dict:
-    outcome, text = "passed", ""
+    outcome, text, skip = "passed", "", ""
     for tag in ("failure", "error", "skipped"):
         found = node.find(tag)
         if found is None:
             continue
         outcome = tag
-        if tag != "skipped":
-            lines = (found.get("message") or "").splitlines()
-            text = next((ln.strip() for ln in lines if ln.strip()), tag)
+        lines = (found.get("message") or "").splitlines()
+        first = next((ln.strip() for ln in lines if ln.strip()), tag)
+        if tag == "skipped":
+            skip = first
+        else:
+            text = first
         break
     props = {p.get("name"): p.get("value") for p in node.iter("property")}
     return {
@@ -66,4 +70,5 @@ def _case(node) -> dict:
         "fix": props.get("fix"),
         "time": float(node.get("time") or 0),
         "text": text,
+        "skip": skip,
     }

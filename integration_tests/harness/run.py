@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from integration_tests.harness import progress as progress_plugin
-from integration_tests.harness import selection
-from integration_tests.harness import topologies
+from . import progress as progress_plugin
+from . import selection
+from . import topologies
 
 
 def fix_folder(fixes: Path, fix: str) -> Path:

@@ -145,10 +145,27 @@ def gpu_shortfall(backend: str, topology: str, gpus: int) -> str | None:
     return f"needs {need} GPUs; this machine has {gpus}"
 
 
+# One-GPU mode (``PROOF_ACCELERATOR=gpu-shared``): the workers of a torch
+# process-per-replica topology all run on the one GPU this process sees,
+# joined over gloo, since NCCL refuses two ranks on one GPU. It runs the
+# CUDA code paths of the fixes (CUDA tensors in the collectives, CUDA
+# generators), not N devices: a result there says nothing about
+# communication between GPUs.
+SHARED_GPU = "gpu-shared"
+SHARED_GPU_TOPOLOGIES = {("torch", "ddp-2"), ("torch", "dp-2")}
+ACCELERATORS = ("cpu", "gpu", SHARED_GPU)
+
+
 def on_gpu() -> bool:
     """Whether this process runs a topology on GPUs
-    (``PROOF_ACCELERATOR=gpu``, set by ``env_for``)."""
-    return os.environ.get("PROOF_ACCELERATOR", "cpu") == "gpu"
+    (``PROOF_ACCELERATOR=gpu`` or ``gpu-shared``, set by ``env_for``)."""
+    return os.environ.get("PROOF_ACCELERATOR", "cpu") in ("gpu", SHARED_GPU)
+
+
+def shared_gpu() -> bool:
+    """Whether this process runs in one-GPU mode (``SHARED_GPU``): every
+    worker on the same GPU, collectives over gloo."""
+    return os.environ.get("PROOF_ACCELERATOR", "cpu") == SHARED_GPU
 
 
 def jax_gpus(visible: list[str]) -> list[str]:
@@ -189,10 +206,13 @@ def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
     Args:
         backend: ``jax``, ``tensorflow`` or ``torch``.
         topology: a topology name of that backend (see ``TOPOLOGIES``).
-        accelerator: ``cpu`` or ``gpu``.
+        accelerator: ``cpu``, ``gpu`` or ``gpu-shared`` (one-GPU mode,
+            ``SHARED_GPU``: the first visible GPU for every worker).
 
     Raises:
         KeyError: unknown (backend, topology).
+        ValueError: ``gpu-shared`` for a topology not in
+            ``SHARED_GPU_TOPOLOGIES``.
     """
     replicas, _ = TOPOLOGIES[(backend, topology)]
     env = {
@@ -201,6 +221,14 @@ def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
         "PROOF_ACCELERATOR": accelerator,
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
+    if accelerator == SHARED_GPU:
+        if (backend, topology) not in SHARED_GPU_TOPOLOGIES:
+            raise ValueError(
+                f"one-GPU mode runs {sorted(SHARED_GPU_TOPOLOGIES)}, not "
+                f"{backend}/{topology}"
+            )
+        env.update(GPU_ENV)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus()[:1])
     if accelerator == "gpu":
         env.update(GPU_ENV)
         if (backend, topology) == ("jax", "8"):

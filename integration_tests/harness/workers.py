@@ -82,6 +82,8 @@ def worker_gpus(world_size: int) -> list[dict]:
     if not topologies.on_gpu():
         return [{} for _ in range(world_size)]
     gpus = topologies.visible_gpus()
+    if topologies.shared_gpu() and gpus:  # one-GPU mode: all on the first
+        return [{"CUDA_VISIBLE_DEVICES": gpus[0]}] * world_size
     if len(gpus) < world_size:
         raise WorkerError(
             f"{world_size} workers need one GPU each; this process sees "
@@ -93,10 +95,14 @@ def worker_gpus(world_size: int) -> list[dict]:
 def collective_backend() -> str:
     """The ``torch.distributed`` backend of the workers: ``nccl`` under
     ``PROOF_ACCELERATOR=gpu``, where each worker has one GPU
-    (``worker_gpus``), else ``gloo`` (CPU tensors). Source:
+    (``worker_gpus``), else ``gloo``: CPU tensors, or CUDA tensors in
+    one-GPU mode (``topologies.SHARED_GPU``), where NCCL would refuse two
+    ranks on one GPU. Source:
     https://pytorch.org/docs/stable/distributed.html#which-backend-to-use
     """
-    return "nccl" if topologies.on_gpu() else "gloo"
+    if topologies.on_gpu() and not topologies.shared_gpu():
+        return "nccl"
+    return "gloo"
 
 
 def kill_groups(procs) -> None:
