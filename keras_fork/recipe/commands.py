@@ -13,6 +13,7 @@ from keras_fork.recipe import pins
 from keras_fork.recipe import prseries
 from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
+from keras_fork.recipe import testswheel
 from keras_fork.recipe import wheel
 
 
@@ -76,6 +77,8 @@ def build(args, layout: pins.Layout) -> int:
         whl, pr = _build_base(layout, base, console)
         console.print(f"[green]built[/] {whl.relative_to(layout.root)}")
         console.print(f"[green]wrote[/] {pr.relative_to(layout.root)}/")
+    tests = testswheel.build(layout)
+    console.print(f"[green]built[/] {tests.relative_to(layout.root)}")
     return 0
 
 

@@ -1,0 +1,147 @@
+"""The tests wheel: the fix tests and their runner, installable with pip.
+
+``integration_tests/`` (the harness, every fix's tests and ``fix.toml``)
+is packaged as ``keras_fork_tests``, distribution ``keras-fork-tests``,
+into ``dist/keras_fork_tests-<V>-py3-none-any.whl`` (``V``: this tool's
+version, ``setup.cfg``). It depends on pytest, pytest-timeout and
+packaging only: Keras and its backends are whatever the user has. Once
+installed:
+
+* ``python -m keras_fork_tests`` (or ``keras-fork-verify``) runs
+  ``verify`` against the importable keras (``harness.verify``);
+* ``pytest --pyargs keras_fork_tests`` runs the tests on the topology of
+  ``PROOF_TOPOLOGY`` (default ``1``).
+
+The package imports itself by relative imports only, so it works under
+either name. The build is reproducible: ``SOURCE_DATE_EPOCH`` is fixed
+and the umask 022, so two builds of one commit are byte-identical.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from keras_fork.errors import ForkError
+from keras_fork.recipe.pins import Layout
+
+PACKAGE = "keras_fork_tests"
+DISTRIBUTION = "keras-fork-tests"
+SOURCE = "integration_tests"
+# 1980-01-01, the earliest time a zip entry holds.
+EPOCH = 315532800
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{distribution}"
+version = "{version}"
+description = "Distributed-training fix tests for Keras 3: verify any keras"
+license = {{text = "Apache-2.0"}}
+requires-python = ">=3.11"
+dependencies = ["pytest", "pytest-timeout", "packaging"]
+
+[project.scripts]
+keras-fork-verify = "{package}.harness.verify:main"
+
+[tool.setuptools.packages.find]
+include = ["{package}*"]
+
+[tool.setuptools.package-data]
+"{package}.fixes" = ["reasons.toml", "*/fix.toml"]
+"""
+
+
+def version(layout: Layout) -> str:
+    """This tool's version, ``[metadata] version`` of ``setup.cfg``.
+
+    Raises:
+        ForkError: ``setup.cfg`` has none.
+    """
+    cfg = configparser.ConfigParser()
+    cfg.read(layout.root / "setup.cfg")
+    try:
+        return cfg["metadata"]["version"]
+    except KeyError:
+        raise ForkError("setup.cfg has no [metadata] version") from None
+
+
+def wheel_name(layout: Layout) -> str:
+    """``keras_fork_tests-<V>-py3-none-any.whl``."""
+    return f"{PACKAGE}-{version(layout)}-py3-none-any.whl"
+
+
+def _stage(layout: Layout, src: Path) -> None:
+    """Copies the test package into ``src/keras_fork_tests`` (no caches)
+    with its ``pyproject.toml`` beside it."""
+    shutil.copytree(
+        layout.root / SOURCE,
+        src / PACKAGE,
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    (src / "pyproject.toml").write_text(
+        PYPROJECT.format(
+            distribution=DISTRIBUTION, version=version(layout), package=PACKAGE
+        )
+    )
+
+
+def build(layout: Layout, outdir: Path | None = None) -> Path:
+    """Builds the tests wheel into ``outdir`` (default ``dist/``), through
+    a folder under ``build/``: ``outdir`` never holds a partial wheel.
+
+    Returns:
+        The wheel's path.
+
+    Raises:
+        ForkError: the build frontend failed, or built another name.
+    """
+    layout.build.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(EPOCH))
+    old_umask = os.umask(0o022)
+    try:
+        with tempfile.TemporaryDirectory(
+            dir=layout.build, prefix=".testswheel."
+        ) as tmp:
+            tmp = Path(tmp)
+            _stage(layout, tmp / "src")
+            built = _frontend(tmp, env)
+            if built.name != wheel_name(layout):
+                raise ForkError(
+                    f"built {built.name}, expected {wheel_name(layout)}"
+                )
+            final = (outdir or layout.dist) / built.name
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(built, final)
+    finally:
+        os.umask(old_umask)
+    return final
+
+
+def _frontend(tmp: Path, env) -> Path:
+    """Runs the ``build`` frontend (no isolation) on ``tmp/src``; returns
+    the wheel in ``tmp/built``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "build",
+        "--wheel",
+        "--no-isolation",
+        "--outdir",
+        str(tmp / "built"),
+        str(tmp / "src"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise ForkError(f"building the tests wheel failed:\n{tail}")
+    (built,) = (tmp / "built").glob("*.whl")
+    return built
