@@ -5,6 +5,7 @@ Marked ``release``: scripts/test runs them after the build step.
 
 import dataclasses
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 from keras_fork.proof import catalog
+from keras_fork.proof import fixes
 from keras_fork.recipe import pins
 from keras_fork.recipe import prseries
 from keras_fork.recipe import sdist
@@ -111,7 +113,10 @@ def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
     check is clean (but for the base's declared ``pip_check_known`` lines:
     tensorflow 2.21 requires keras>=3.12, so an older base can only be
     installed over it with ``--no-deps``), ``keras==<base>`` is satisfied by
-    the fork, and the manifest is readable through importlib.metadata."""
+    the fork, the manifest is readable through importlib.metadata, and one
+    distribution owns ``keras/``. The master wheel goes in as the README
+    says, over a user's keras-nightly (issue 37: ``_install_over_nightly``).
+    """
     py = _venv_over_the_test_env(tmp_path / "venv")
     constraints = tmp_path / "constraints.txt"
     constraints.write_text(
@@ -120,7 +125,9 @@ def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
     whl = LAYOUT.dist / base.wheel_name
     pip = [py, "-m", "pip", "--disable-pip-version-check"]
     stack = ["tensorflow-cpu", "jax", "torch"]
-    if base.pip_check_known:
+    if base.package == "keras-nightly":
+        _install_over_nightly(pip, constraints, base, stack)
+    elif base.pip_check_known:
         subprocess.run(
             pip + ["install", "-q", "-c", str(constraints), *stack],
             check=True,
@@ -149,19 +156,47 @@ def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
         check=True,
     )
     assert "Would install" not in again.stdout, again.stdout
+    _imports_as_the_fork(py, base, tmp_path)
+
+
+def _install_over_nightly(pip, constraints, base, stack) -> None:
+    """A user's environment, keras-nightly beside the backends (found in
+    the test environment; the venv gets what their pins need), then the
+    README's own commands for the master wheel (``_documented_commands``:
+    uninstall keras-nightly, install the wheel)."""
+    subprocess.run(
+        pip
+        + ["install", "-q", "-c", str(constraints), base.requirement]
+        + stack,
+        check=True,
+    )
+    for command in _documented_commands(base.wheel_name):
+        assert command[0] == "pip"
+        subprocess.run(pip + command[1:], cwd=pins.REPO_ROOT, check=True)
+
+
+def _imports_as_the_fork(py, base, cwd) -> None:
+    """On each backend, ``import keras`` gives the fork's version, its
+    manifest reads, one distribution named ``keras`` is installed and none
+    named keras-nightly, and an op runs."""
     code = (
         "import importlib.metadata as m, json, keras;"
         "d = json.loads(m.distribution('keras')"
         ".read_text('FORK_PATCHES.json'));"
         "assert keras.__version__ == d['version'], keras.__version__;"
-        "print(keras.ops.sum(keras.ops.ones((2, 3))))"
+        "names = [x.metadata['Name'] for x in m.distributions()];"
+        "print(keras.__version__, names.count('keras'),"
+        " names.count('keras-nightly') + names.count('keras_nightly'),"
+        " keras.ops.sum(keras.ops.ones((2, 3))))"
     )
     for backend in ("jax", "tensorflow", "torch"):
         env = dict(os.environ, KERAS_BACKEND=backend, CUDA_VISIBLE_DEVICES="")
         out = subprocess.run(
-            [py, "-c", code], env=env, capture_output=True, text=True
+            [py, "-c", code], env=env, capture_output=True, text=True, cwd=cwd
         )
         assert out.returncode == 0, (backend, out.stderr[-2000:])
+        words = out.stdout.split()
+        assert words[:3] == [base.fork_version, "1", "0"], out.stdout
         assert "6" in out.stdout
 
 
@@ -181,36 +216,62 @@ def _documented_commands(wheel_name: str) -> list[list[str]]:
     return [uninstall[0].split(), install[0].split()]
 
 
-def test_the_master_wheel_replaces_keras_nightly_as_the_readme_says(tmp_path):
-    """Issue 37: keras-nightly installed, then the README's commands for the
-    master wheel: one distribution owns keras/ (the fork's), ``import
-    keras`` gives the fork's version, and ``pip check`` is clean."""
-    base = next(b for b in BASES if b.package == "keras-nightly")
-    if not (LAYOUT.dist / base.wheel_name).is_file():
-        pytest.fail(f"{base.wheel_name} missing: run scripts/build first")
+# Two cells of 3.15.1 on jax/1: one proven (stock fails), one guard (stock
+# passes); about 30 s a verify run on 2 cores.
+VERIFY_CELLS = {"seeded-shuffle": "proven", "replica-rng": "guard"}
+
+
+def test_the_tests_wheel_verifies_stock_and_fork_as_the_cells_say(tmp_path):
+    """Issue 41: a venv over the pinned stack with the tests wheel alone
+    (no checkout on its path), stock keras 3.15.1, then our 3.15.1 wheel:
+    ``python -m keras_fork_tests`` reports ``broken`` where the proof's
+    stock side fails (a proven cell) and ``fixed`` where it passes (a
+    guard), then ``fixed`` everywhere on the fork."""
+    base = next(b for b in BASES if b.version == "3.15.1")
+    (tests_wheel,) = LAYOUT.dist.glob("keras_fork_tests-*.whl")
+    cells = {
+        c.fix: c.expect
+        for c in fixes.load_matrix(LAYOUT.fixes)
+        if (c.base, c.backend, c.topology) == (base.version, "jax", "1")
+    }
+    assert {f: cells[f] for f in VERIFY_CELLS} == VERIFY_CELLS
     py = _venv_over_the_test_env(tmp_path / "venv")
     pip = [py, "-m", "pip", "--disable-pip-version-check", "-q"]
-    constraints = str(pins.REPO_ROOT / "constraints.txt")
-    # A user's environment: keras-nightly beside the backends (found in the
-    # test environment; the venv gets what their pins need, e.g. setuptools).
-    stack = [base.requirement, "tensorflow-cpu", "jax", "torch"]
-    subprocess.run(pip + ["install", "-c", constraints, *stack], check=True)
-    for command in _documented_commands(base.wheel_name):
-        assert command[0] == "pip"
-        subprocess.run(pip + command[1:], cwd=pins.REPO_ROOT, check=True)
-    check = subprocess.run(
-        pip[:-1] + ["check"], capture_output=True, text=True, cwd=tmp_path
+    sdist = LAYOUT.cache / base.sdist_name
+    subprocess.run(pip + ["install", "--no-deps", str(tests_wheel)], check=True)
+    subprocess.run(
+        pip + ["install", "--no-deps", "--no-build-isolation", str(sdist)],
+        check=True,
     )
-    assert check.returncode == 0, check.stdout + check.stderr
-    code = (
-        "import importlib.metadata as m, keras\n"
-        "names = [d.metadata['Name'] for d in m.distributions()]\n"
-        "print(keras.__version__, names.count('keras'), "
-        "names.count('keras-nightly') + names.count('keras_nightly'))\n"
+    stock = _verify_jax_1(py, tmp_path / "stock")
+    assert stock["keras"]["version"] == base.version
+    expected = {"proven": "broken", "guard": "fixed"}
+    assert stock["status"] == {f: expected[e] for f, e in VERIFY_CELLS.items()}
+    whl = LAYOUT.dist / base.wheel_name
+    subprocess.run(
+        pip + ["install", "--no-deps", "--force-reinstall", str(whl)],
+        check=True,
     )
-    env = dict(os.environ, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="")
-    out = subprocess.run(
-        [py, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [base.fork_version, "1", "0"], out.stdout
+    fork = _verify_jax_1(py, tmp_path / "fork")
+    assert fork["keras"]["version"] == base.fork_version
+    assert fork["status"] == dict.fromkeys(VERIFY_CELLS, "fixed")
+
+
+def _verify_jax_1(py, cwd) -> dict:
+    """``python -m keras_fork_tests --json`` on the ``VERIFY_CELLS`` of
+    jax/1, run from ``cwd`` with no PYTHONPATH: ``{"keras": ...,
+    "status": {fix: status}}``."""
+    cwd.mkdir()
+    cmd = [py, "-m", "keras_fork_tests", "--json", "--backend", "jax"]
+    cmd += ["--topology", "1", "--accelerator", "cpu"]
+    for fix in VERIFY_CELLS:
+        cmd += ["--fix", fix]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    assert out.returncode in (0, 1), out.stderr[-3000:]
+    payload = json.loads(out.stdout)
+    assert (cwd / "verify-results" / "verify.xml").is_file()
+    return {
+        "keras": payload["keras"],
+        "status": {r["fix"]: r["status"] for r in payload["results"]},
+    }
