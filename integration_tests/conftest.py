@@ -18,10 +18,10 @@ import gc
 
 import pytest
 
-from integration_tests.harness import devices
-from integration_tests.harness import plugin
-from integration_tests.harness import selection
-from integration_tests.harness.plugin import pytest_configure  # noqa: F401
+from .harness import devices
+from .harness import plugin
+from .harness import selection
+from .harness.plugin import pytest_configure  # noqa: F401
 
 # The fix selection and the per-case fix and role properties.
 pytest_collection_modifyitems = selection.pytest_collection_modifyitems

@@ -13,11 +13,11 @@ import contextlib
 import dataclasses
 import os
 
-from integration_tests.harness import workers
-from integration_tests.harness.topologies import MULTI_PROCESS
-from integration_tests.harness.topologies import TOPOLOGIES
-from integration_tests.harness.topologies import on_gpu
-from integration_tests.harness.topologies import shared_gpu
+from . import workers
+from .topologies import MULTI_PROCESS
+from .topologies import TOPOLOGIES
+from .topologies import on_gpu
+from .topologies import shared_gpu
 
 
 @dataclasses.dataclass

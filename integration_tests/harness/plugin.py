@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.harness import devices
+from . import devices
 
 # ``PROOF_GC_FREEZE=0``: no ``gc.freeze``, as before 2026-11-26; only
 # ``bench-matrix`` sets it, to measure what that cost.

@@ -37,25 +37,23 @@ TOPOLOGIES = {
     ("tensorflow", "multiworker-2"): (
         2,
         "2 worker processes, tf.distribute.MultiWorkerMirroredStrategy with "
-        "TF_CONFIG on 127.0.0.1 (tests start them with "
-        "integration_tests.harness.workers; the test process itself is 1 "
-        "device)",
+        "TF_CONFIG on 127.0.0.1 (tests start them with harness.workers; "
+        "the test process itself is 1 device)",
     ),
     ("jax", "procs-2"): (
         2,
         "2 worker processes, jax.distributed on 127.0.0.1 (gloo CPU "
         "collectives, or one GPU each), keras.distribution.DataParallel over "
         "both processes' devices, each process feeding its part of every "
-        "global batch (tests start them with "
-        "integration_tests.harness.workers; the test process itself is 1 "
-        "device)",
+        "global batch (tests start them with harness.workers; the test "
+        "process itself is 1 device)",
     ),
     ("torch", "1"): (1, "one device"),
     ("torch", "ddp-2"): (
         2,
         "2 worker processes, torch.distributed rendezvous on 127.0.0.1 "
         "(gloo on CPU, NCCL with one GPU each; tests start them with "
-        "integration_tests.harness.workers)",
+        "harness.workers)",
     ),
     ("torch", "dp-2"): (
         2,
@@ -63,7 +61,7 @@ TOPOLOGIES = {
         "(torch.distributed: gloo on CPU, NCCL with one GPU each) and "
         "Model.fit under keras.distribution.DataParallel over both; master "
         "only (keras-team/keras#23316); tests start them with "
-        "integration_tests.harness.workers",
+        "harness.workers",
     ),
 }
 # Topologies whose replicas are worker processes: the test process itself

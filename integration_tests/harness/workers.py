@@ -49,7 +49,7 @@ import time
 import traceback
 from pathlib import Path
 
-from integration_tests.harness import topologies
+from . import topologies
 
 
 class WorkerError(AssertionError):

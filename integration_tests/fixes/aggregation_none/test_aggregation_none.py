@@ -40,7 +40,7 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import devices
+from ...harness import devices
 
 pytestmark = pytest.mark.fix("aggregation-none", guard_on=("jax", "torch"))
 GLOBAL_BATCH = 16  # divisible by every replica count (1, 2, 4, 8)

@@ -32,9 +32,9 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import data
-from integration_tests.harness import devices
-from integration_tests.harness import workers
+from ...harness import data
+from ...harness import devices
+from ...harness import workers
 
 pytestmark = pytest.mark.fix("bn-synchronized")
 

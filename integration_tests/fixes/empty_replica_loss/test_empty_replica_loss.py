@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import recorders
+from ...harness import recorders
 
 pytestmark = pytest.mark.fix("empty-replica-loss")
 

@@ -26,8 +26,8 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import devices
-from integration_tests.harness import workers
+from ...harness import devices
+from ...harness import workers
 
 pytestmark = pytest.mark.fix("replica-rng")
 BACKEND = keras.backend.backend()
@@ -203,7 +203,7 @@ def test_one_replica_fit_mask_is_the_seed_generator_draw(topology):
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        from integration_tests.harness import devices
+        from ...harness import devices
 
         one_device = devices.Topology(
             "tensorflow",

@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import devices
-from integration_tests.harness import workers
+from ...harness import devices
+from ...harness import workers
 
 pytestmark = pytest.mark.fix("seeded-shuffle")
 # Master (3.16) shuffles with generators seeded by the epoch, so processes

@@ -24,8 +24,8 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import devices
-from integration_tests.harness import workers
+from ...harness import devices
+from ...harness import workers
 
 pytestmark = pytest.mark.fix("shuffle-epochs", guard_on=("tensorflow",))
 

@@ -20,8 +20,8 @@ import os
 import numpy as np
 import pytest
 
-from integration_tests.harness import devices
-from integration_tests.harness import workers
+from ...harness import devices
+from ...harness import workers
 
 pytestmark = pytest.mark.fix("shuffle-workers")
 

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import workers
+from ...harness import workers
 
 pytestmark = pytest.mark.fix("stateless-training")
 BACKEND = keras.backend.backend()

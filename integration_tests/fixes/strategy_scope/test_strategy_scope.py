@@ -47,7 +47,7 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import topologies
+from ...harness import topologies
 
 pytestmark = pytest.mark.fix("strategy-scope")
 BACKEND = keras.backend.backend()

@@ -25,11 +25,9 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.fixes.bn_replica_stats import (
-    test_bn_replica_stats as bn_stats,
-)
-from integration_tests.harness import devices
-from integration_tests.harness import workers
+from ...harness import devices
+from ...harness import workers
+from ..bn_replica_stats import test_bn_replica_stats as bn_stats
 
 pytestmark = pytest.mark.fix("torch-bn-stats")
 

@@ -25,8 +25,8 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import devices
-from integration_tests.harness import workers
+from ...harness import devices
+from ...harness import workers
 
 pytestmark = pytest.mark.fix("torch-dp-predict")
 BATCH = 2

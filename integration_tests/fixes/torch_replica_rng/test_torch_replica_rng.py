@@ -21,11 +21,11 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.fixes.replica_rng.test_replica_rng import RATE
-from integration_tests.fixes.replica_rng.test_replica_rng import UNITS
-from integration_tests.fixes.replica_rng.test_replica_rng import dropout_model
-from integration_tests.harness import devices
-from integration_tests.harness import workers
+from ...harness import devices
+from ...harness import workers
+from ..replica_rng.test_replica_rng import RATE
+from ..replica_rng.test_replica_rng import UNITS
+from ..replica_rng.test_replica_rng import dropout_model
 
 pytestmark = pytest.mark.fix("torch-replica-rng")
 

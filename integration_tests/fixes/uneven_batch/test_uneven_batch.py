@@ -29,9 +29,9 @@ import keras
 import numpy as np
 import pytest
 
-from integration_tests.harness import devices
-from integration_tests.harness import recorders
-from integration_tests.harness import workers
+from ...harness import devices
+from ...harness import recorders
+from ...harness import workers
 
 pytestmark = pytest.mark.fix("uneven-batch")
 BACKEND = keras.backend.backend()
