@@ -223,7 +223,8 @@ VERIFY_CELLS = {"seeded-shuffle": "proven", "replica-rng": "guard"}
 
 def test_the_tests_wheel_verifies_stock_and_fork_as_the_cells_say(tmp_path):
     """Issue 41: a venv over the pinned stack with the tests wheel alone
-    (no checkout on its path), stock keras 3.15.1, then our 3.15.1 wheel:
+    (no checkout on its path), stock keras 3.15.1 from PyPI, then our
+    3.15.1 wheel:
     ``python -m keras_fork_tests`` reports ``broken`` where the proof's
     stock side fails (a proven cell) and ``fixed`` where it passes (a
     guard), then ``fixed`` everywhere on the fork."""
@@ -237,12 +238,8 @@ def test_the_tests_wheel_verifies_stock_and_fork_as_the_cells_say(tmp_path):
     assert {f: cells[f] for f in VERIFY_CELLS} == VERIFY_CELLS
     py = _venv_over_the_test_env(tmp_path / "venv")
     pip = [py, "-m", "pip", "--disable-pip-version-check", "-q"]
-    sdist = LAYOUT.cache / base.sdist_name
     subprocess.run(pip + ["install", "--no-deps", str(tests_wheel)], check=True)
-    subprocess.run(
-        pip + ["install", "--no-deps", "--no-build-isolation", str(sdist)],
-        check=True,
-    )
+    subprocess.run(pip + ["install", "--no-deps", base.requirement], check=True)
     stock = _verify_jax_1(py, tmp_path / "stock")
     assert stock["keras"]["version"] == base.version
     expected = {"proven": "broken", "guard": "fixed"}
