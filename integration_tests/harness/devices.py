@@ -190,7 +190,8 @@ def torch_processes(rank: int, world_size: int):
     if shared_gpu():
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
     keras.distribution.initialize(
         job_addresses=(
