@@ -1,8 +1,8 @@
 """The one command line: ``python -m keras_fork <verb>`` (``--help`` on each).
 
 Verbs (the ``scripts/`` entry points call these):
-  build    materialize each base, check the series, build the wheel and the
-           PR series into dist/                          (recipe)
+  build    materialize each base, check the series, build the wheel into
+           dist/                                         (recipe)
   export   rewrite patches/<base>/ from the materialized tree (recipe)
   check    fail when re-exporting the materialized tree changes patches/
   rebase   move a base's series onto another pinned base (git rebase)
@@ -19,6 +19,8 @@ Verbs (the ``scripts/`` entry points call these):
   pr-check each PR alone on a Keras git checkout: applies, its tests fail
            on the checkout's code and pass with the PR
   pr-tests rewrite a nightly series' test hunks to apply alone on a checkout
+  pr-series  the PR series into dist/pr-series/<V>/, with the proof and
+           pr-check rows where dist/ has them            (upstream)
 
 A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``
 (or, for a module of several verbs, ``<verb>_arguments`` and ``<verb>``);
@@ -42,7 +44,7 @@ from keras_fork.recipe import pins
 # verb -> (module, one-line help)
 _RECIPE = "keras_fork.recipe.commands"
 VERBS = {
-    "build": (_RECIPE, "wheels and PR series into dist/"),
+    "build": (_RECIPE, "wheels into dist/"),
     "export": (_RECIPE, "rewrite patches/<V> from the tree"),
     "check": (_RECIPE, "re-export must reproduce patches/"),
     "rebase": ("keras_fork.recipe.rebase", "move a series onto a new base"),
@@ -68,6 +70,10 @@ VERBS = {
     "pr-tests": (
         "keras_fork.upstream.alone",
         "test hunks that apply alone on a checkout",
+    ),
+    "pr-series": (
+        "keras_fork.upstream.prseries",
+        "PR series into dist/pr-series/<V>/, with the proof",
     ),
 }
 

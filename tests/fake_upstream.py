@@ -6,6 +6,7 @@ import tarfile
 from pathlib import Path
 
 from keras_fork.recipe import pins
+from keras_fork.recipe import series
 
 VERSION = "9.9.9"
 EPOCH = 1_700_000_000
@@ -92,3 +93,24 @@ def make_upstream(tmp_path: Path):
     layout.cache.mkdir(parents=True)
     (layout.cache / archive.name).write_bytes(archive.read_bytes())
     return layout, pins.get_base(layout, VERSION), archive
+
+
+def add_fix(layout, base, tree):
+    """Commits a fix (fix id ``reverse``, ``Fixes keras-team/keras#1``) in the
+    materialized ``tree`` and exports the series; returns its file names."""
+    f = tree / "keras/src/shuffle.py"
+    f.write_text(f.read_text().replace("range(n)", "reversed(range(n))"))
+    env = series.git_env(EPOCH)
+    series.git(tree, "add", "-A", env=env)
+    series.git(
+        tree,
+        "commit",
+        "-q",
+        "-m",
+        "Reverse the order\n\nBecause tests want it.\n\n"
+        "Fixes keras-team/keras#1\n\n"
+        "Fork-Fix: reverse\nBug: https://github.com/keras-team/keras/issues/1\n"
+        "Forwarded: no\nApplied-Upstream: no",
+        env=env,
+    )
+    return series.export(tree, series.series_dir(layout, base))

@@ -149,14 +149,22 @@ def test_every_option_of_every_verb_has_a_help_text():
     assert not bare, bare
 
 
-def test_a_verb_imports_only_its_own_module():
-    """``build`` (and ``--help``) must run with ``requirements/build.txt``
-    alone: choosing a verb imports no other verb's module. The real check is
-    scripts/test's first stage, a build from that environment alone."""
+@pytest.mark.parametrize(
+    "verb, module",
+    [
+        ("build", "keras_fork.recipe.commands"),
+        ("pr-series", "keras_fork.upstream.prseries"),
+    ],
+)
+def test_a_verb_imports_only_its_own_module(verb, module):
+    """``build`` and ``pr-series`` (scripts/build runs both) and ``--help``
+    must run with ``requirements/build.txt`` alone: choosing a verb imports
+    no other verb's module. The real check is scripts/test's first stage, a
+    build from that environment alone."""
     code = (
         "import sys\n"
         "from keras_fork import cli\n"
-        "cli.parser({cli.chosen_verb(['build', '--help'])})\n"
+        f"cli.parser({{cli.chosen_verb([{verb!r}, '--help'])}})\n"
         "print(' '.join(sorted(sys.modules)))\n"
     )
     proc = subprocess.run(
@@ -167,7 +175,12 @@ def test_a_verb_imports_only_its_own_module():
         check=True,
     )
     loaded = set(proc.stdout.split())
-    assert "keras_fork.recipe.commands" in loaded
-    others = {"keras_fork.proof", "keras_fork.bench", "keras_fork.upstream"}
-    assert not loaded & others
+    assert module in loaded
+    from keras_fork import cli
+
+    others = {m for m, _ in cli.VERBS.values()} - {module}
+    others |= {"keras_fork.proof", "keras_fork.bench"}
+    if verb == "build":
+        others.add("keras_fork.upstream")
+    assert not loaded & others, loaded & others
     assert not {"filelock", "integration_tests", "torch", "jax"} & loaded

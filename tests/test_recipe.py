@@ -1,4 +1,4 @@
-"""The recipe on a fake upstream: pins, sdist checks, series, wheel, PR series.
+"""The recipe on a fake upstream: pins, sdist checks, series, wheel.
 
 These tests need no network and no real Keras; each builds a small fake
 ``keras-9.9.9`` sdist in a temporary folder.
@@ -16,7 +16,6 @@ import pytest
 
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
-from keras_fork.recipe import prseries
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
 from keras_fork.recipe import wheel
@@ -29,30 +28,10 @@ def upstream(tmp_path):
     return fake.make_upstream(tmp_path)
 
 
-def _add_fix(layout, base, tree):
-    """Commits a fix in the materialized tree and exports the series."""
-    f = tree / "keras/src/shuffle.py"
-    f.write_text(f.read_text().replace("range(n)", "reversed(range(n))"))
-    env = series.git_env(fake.EPOCH)
-    series.git(tree, "add", "-A", env=env)
-    series.git(
-        tree,
-        "commit",
-        "-q",
-        "-m",
-        "Reverse the order\n\nBecause tests want it.\n\n"
-        "Fixes keras-team/keras#1\n\n"
-        "Fork-Fix: reverse\nBug: https://github.com/keras-team/keras/issues/1\n"
-        "Forwarded: no\nApplied-Upstream: no",
-        env=env,
-    )
-    return series.export(tree, series.series_dir(layout, base))
-
-
 def _two_chained_patches(layout, base, tree):
     """Exports a series of two patches where patch 2 edits what patch 1
     wrote; returns ``(names, paths)``."""
-    _add_fix(layout, base, tree)
+    fake.add_fix(layout, base, tree)
     f = tree / "keras/src/shuffle.py"
     f.write_text(f.read_text().replace("reversed(range(n))", "range(n)[::-1]"))
     env = series.git_env(fake.EPOCH)
@@ -182,36 +161,42 @@ def _bad_sdist(case: str, archive: Path, tmp_path: Path) -> Path:
 def test_a_bad_sdist_leaves_dist_byte_identical(
     upstream, tmp_path, case, message
 ):
-    """Issue 37: the sdist is checked before any output changes; the
-    message names the case and never asks to delete the user's file."""
+    """Issue 37: the sdist is checked before any output changes, by
+    ``build`` and by ``pr-series`` (scripts/build passes ``--sdist`` to
+    both); the message names the case and never asks to delete the user's
+    file."""
     layout, base, archive = upstream
     root = layout.pins.parent.parent
     repo = Path(__file__).parent.parent
-    cmd = [sys.executable, "-m", "keras_fork", "--root", str(root), "build"]
+    cmd = [sys.executable, "-m", "keras_fork", "--root", str(root)]
     tree = series.materialize(layout, base)
-    _add_fix(layout, base, tree)
-    ok = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
-    assert ok.returncode == 0, ok.stderr
+    fake.add_fix(layout, base, tree)
+    for verb in ("build", "pr-series"):
+        ok = subprocess.run(
+            [*cmd, verb], capture_output=True, text=True, cwd=repo
+        )
+        assert ok.returncode == 0, ok.stderr
     before = _snapshot(layout.dist)
     assert Path(base.wheel_name) in before
     assert any(p.parts[0] == "pr-series" for p in before)
     bad = _bad_sdist(case, archive, tmp_path)
-    proc = subprocess.run(
-        [*cmd, "--base", base.version, "--sdist", str(bad)],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr and "Delete" not in proc.stderr
-    assert _snapshot(layout.dist) == before
+    for verb in ("build", "pr-series"):
+        proc = subprocess.run(
+            [*cmd, verb, "--base", base.version, "--sdist", str(bad)],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr
+        assert "Traceback" not in proc.stderr and "Delete" not in proc.stderr
+        assert _snapshot(layout.dist) == before
 
 
 def test_series_round_trip_is_byte_identical(upstream):
     layout, base, _ = upstream
     tree = series.materialize(layout, base)
-    names = _add_fix(layout, base, tree)
+    names = fake.add_fix(layout, base, tree)
     assert names == ["reverse-the-order.patch"]
     before = {
         p.name: p.read_bytes()
@@ -235,7 +220,7 @@ def test_series_round_trip_is_byte_identical(upstream):
 def test_check_reports_a_patch_not_in_canonical_form(upstream):
     layout, base, _ = upstream
     tree = series.materialize(layout, base)
-    (name,) = _add_fix(layout, base, tree)
+    (name,) = fake.add_fix(layout, base, tree)
     patch = series.series_dir(layout, base) / name
     # As exported without --full-index: still applies, but re-export churns.
     text = re.sub(
@@ -253,7 +238,7 @@ def test_check_reports_a_patch_not_in_canonical_form(upstream):
 def test_failing_patch_names_patch_and_file_and_leaves_no_tree(upstream):
     layout, base, _ = upstream
     tree = series.materialize(layout, base)
-    (name,) = _add_fix(layout, base, tree)
+    (name,) = fake.add_fix(layout, base, tree)
     # Make the patch's context disagree with upstream.
     patch = series.series_dir(layout, base) / name
     patch.write_text(patch.read_text().replace("def order(n):", "def o(n):"))
@@ -283,7 +268,7 @@ def _wheel_sha(path):
 def test_wheel_is_reproducible_labelled_and_carries_the_manifest(upstream):
     layout, base, _ = upstream
     tree = series.materialize(layout, base)
-    _add_fix(layout, base, tree)
+    fake.add_fix(layout, base, tree)
     tree = series.materialize(layout, base)
     first = wheel.build(layout, base, tree)
     sha = _wheel_sha(first)
@@ -352,74 +337,6 @@ def test_failed_wheel_build_leaves_dist_empty(upstream, monkeypatch):
     assert not any(p.name.startswith(".wheel.") for p in layout.build.iterdir())
 
 
-def test_a_pr_body_reports_its_pr_check_row(upstream):
-    layout, base, _ = upstream
-    tree = series.materialize(layout, base)
-    _add_fix(layout, base, tree)
-    tree = series.materialize(layout, base)
-    (patch,) = series.read_series(layout, base)
-    layout.dist.mkdir(parents=True, exist_ok=True)
-    row = {
-        "patch": patch.name,
-        "applies": True,
-        "error": None,
-        "torch": "pass",
-        "stock:torch": "fail",
-        "jax": "-",
-        "verdict": "proven",
-    }
-    (layout.dist / f"pr-check-{base.version}.json").write_text(
-        json.dumps({"rev": "master", "source": "checkout", "rows": [row]})
-    )
-    out = prseries.write(layout, base, tree)
-    body = (out / "0001-Reverse-the-order.md").read_text()
-    assert "### This PR alone on Keras master\n" in body
-    assert "Keras at `master`, the tests it adds" in body
-    assert "| torch | fail | pass |" in body and "| jax |" not in body
-
-
-def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
-    upstream, tmp_path
-):
-    layout, base, archive = upstream
-    tree = series.materialize(layout, base)
-    _add_fix(layout, base, tree)
-    tree = series.materialize(layout, base)
-    out = prseries.write(layout, base, tree)
-    files = sorted(p.name for p in out.iterdir())
-    assert files == [
-        "0000-cover-letter.patch",
-        "0001-Reverse-the-order.md",
-        "0001-Reverse-the-order.patch",
-    ]
-    text = (out / "0001-Reverse-the-order.patch").read_text()
-    for trailer in series.FORK_TRAILERS:
-        assert f"\n{trailer}: " not in text
-    assert "Fixes keras-team/keras#1" in text
-    body = (out / "0001-Reverse-the-order.md").read_text()
-    assert "\nFixes keras-team/keras#1\n" in body
-    assert body.startswith("## Description\n\nBecause tests want it.\n")
-    # Keras's PR template: the agreement's boxes, unticked; no proof run,
-    # no placeholder in the body: the cover letter says so.
-    assert "## Contributor Agreement\n\n- [ ] I am a human" in body
-    assert "## AI assistance\n\nAn AI coding agent wrote this change" in body
-    assert body.index("## AI assistance") < body.index("## Contributor")
-    assert "Proof" not in body and "scripts/" not in body
-    assert "alone on Keras master" not in body  # no pr-check run
-    cover = (out / "0000-cover-letter.patch").read_text()
-    assert "Subject: [PATCH 0/1] " in cover and "proof" not in cover
-    assert " 1 files changed, 1 insertions(+), 1 deletions(-)" in cover
-    # git am onto a pristine unpack of the sdist.
-    pristine = tmp_path / "pristine"
-    sdist.unpack(archive, base, pristine)
-    env = series.git_env(fake.EPOCH)
-    series.git(pristine, "init", "-q", env=env)
-    series.git(pristine, "add", "-A", env=env)
-    series.git(pristine, "commit", "-qm", "pristine", env=env)
-    series.git(pristine, "am", "-q", str(out / files[2]), env=env)
-    assert "reversed" in (pristine / "keras/src/shuffle.py").read_text()
-
-
 def test_build_cli_reports_errors_without_traceback(upstream):
     layout, _, _ = upstream
     root = layout.pins.parent.parent
@@ -446,93 +363,35 @@ def test_build_cli_reports_errors_without_traceback(upstream):
 def test_build_cli_failing_patch_leaves_the_last_outputs_as_they_were(
     upstream,
 ):
+    """Neither ``build`` nor ``pr-series`` changes ``dist/`` when a patch
+    does not apply."""
     layout, base, _ = upstream
     root = layout.pins.parent.parent
     repo = Path(__file__).parent.parent
-    cmd = [sys.executable, "-m", "keras_fork", "--root", str(root), "build"]
+    cmd = [sys.executable, "-m", "keras_fork", "--root", str(root)]
     tree = series.materialize(layout, base)
-    (name,) = _add_fix(layout, base, tree)
-    ok = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
-    assert ok.returncode == 0, ok.stderr
+    (name,) = fake.add_fix(layout, base, tree)
+    for verb in ("build", "pr-series"):
+        ok = subprocess.run(
+            [*cmd, verb], capture_output=True, text=True, cwd=repo
+        )
+        assert ok.returncode == 0, ok.stderr
     assert (layout.dist / base.wheel_name).is_file()
+    assert (layout.dist / "pr-series" / base.version).is_dir()
     before = _snapshot(layout.dist)
     patch = series.series_dir(layout, base) / name
     patch.write_text(patch.read_text().replace("def order(n):", "def o(n):"))
-    bad = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
-    assert bad.returncode == 2
-    assert f"patch {name} does not apply" in bad.stderr
-    assert "keras/src/shuffle.py" in bad.stderr
-    assert _snapshot(layout.dist) == before
-    assert not [p for p in layout.dist.iterdir() if p.name.startswith(".")]
-    assert not layout.tree(base.version).exists()
-
-
-def _repo_only_patch(layout, base, tmp_path):
-    """A fake upstream git repo (tag v9.9.9) with examples/demo.py, which the
-    sdist lacks, and a repo-only patch for it in patches/9.9.9/repo-only."""
-    upstream = tmp_path / "upstream-git"
-    (upstream / "examples").mkdir(parents=True)
-    (upstream / "examples/demo.py").write_text("step(training=None)\n")
-    env = series.git_env(fake.EPOCH)
-    series.git(upstream, "init", "-q", env=env)
-    series.git(upstream, "add", "-A", env=env)
-    series.git(upstream, "commit", "-qm", "upstream", env=env)
-    series.git(upstream, "tag", f"v{fake.VERSION}", env=env)
-    series.git(upstream, "tag", series.PRISTINE_TAG, env=env)
-    (upstream / "examples/demo.py").write_text("step(training=True)\n")
-    series.git(
-        upstream,
-        "commit",
-        "-qam",
-        "Fix the demo\n\nFixes keras-team/keras#2\n\nFork-Fix: reverse",
-        env=env,
-    )
-    folder = series.series_dir(layout, base) / series.REPO_ONLY
-    folder.mkdir()
-    (made,) = series.format_patch(upstream, folder)
-    name = re.sub(r"^\d{4}-", "", made.name)
-    made.rename(folder / name)
-    (folder / ".patches").write_text(name + "\n")
-    series.git(upstream, "reset", "-q", "--hard", "HEAD~1", env=env)
-    return upstream, name
-
-
-def test_repo_only_patches_join_the_pr_series_but_not_the_wheel(
-    upstream, tmp_path
-):
-    layout, base, _ = upstream
-    tree = series.materialize(layout, base)
-    _add_fix(layout, base, tree)
-    repo, name = _repo_only_patch(layout, base, tmp_path)
-    tree = series.materialize(layout, base)  # the repo-only patch is skipped
-    assert not (tree / "examples").exists()
-    assert series.check(layout, base, tree) == []
-    series.export(tree, series.series_dir(layout, base))  # keeps repo-only
-    assert [p.name for p in series.read_repo_only(layout, base)] == [name]
-    out = prseries.write(layout, base, tree)
-    patches = sorted(p.name for p in out.glob("*.patch"))
-    assert patches[2] == f"0002-{name}"
-    text = (out / patches[2]).read_text()
-    assert "Subject: [PATCH 2/2] Fix the demo" in text
-    assert "Fork-Fix" not in text
-    assert "[PATCH 1/2]" in (out / patches[1]).read_text()
-    assert "[PATCH 0/2]" in (out / patches[0]).read_text()
-    whl = wheel.build(layout, base, tree)
-    with zipfile.ZipFile(whl) as z:
-        manifest = json.loads(
-            z.read("keras-9.9.9+fork.1.dist-info/FORK_PATCHES.json")
+    for verb in ("pr-series", "build"):
+        bad = subprocess.run(
+            [*cmd, verb], capture_output=True, text=True, cwd=repo
         )
-    assert [p["name"] for p in manifest["patches"]] == [
-        "Reverse-the-order.patch"
-    ]
-    assert series.check_repo_only(layout, base, repo) == []
-    # Upstream moved on and the patch no longer applies: named.
-    (repo / "examples/demo.py").write_text("other()\n")
-    env = series.git_env(fake.EPOCH)
-    series.git(repo, "commit", "-qam", "move", env=env)
-    series.git(repo, "tag", "-f", f"v{fake.VERSION}", env=env)
-    (failure,) = series.check_repo_only(layout, base, repo)
-    assert failure.startswith(name) and "examples/demo.py" in failure
+        assert bad.returncode == 2
+        assert f"patch {name} does not apply" in bad.stderr
+        assert "keras/src/shuffle.py" in bad.stderr
+        assert _snapshot(layout.dist) == before
+        assert not [p for p in layout.dist.rglob(".*")]
+    assert not layout.tree(base.version).exists()
+    assert not [p for p in layout.build.iterdir() if p.name.startswith(".")]
 
 
 def test_status_classifies_patches_by_content(upstream, tmp_path):
@@ -540,7 +399,7 @@ def test_status_classifies_patches_by_content(upstream, tmp_path):
 
     layout, base, archive = upstream
     tree = series.materialize(layout, base)
-    (name,) = _add_fix(layout, base, tree)
+    (name,) = fake.add_fix(layout, base, tree)
     patch = series.series_dir(layout, base) / name
     pristine = tmp_path / "pristine"
     sdist.unpack(archive, base, pristine)
@@ -642,41 +501,6 @@ def test_format_patch_name_follows_git(tmp_path):
     assert made == [series.format_patch_name(s) for s in SUBJECTS]
 
 
-def test_fixes_is_claimed_once_per_issue_across_the_series():
-    def info(subject, issue, closes):
-        return series.PatchInfo(
-            subject, subject, subject, {}, issue, "", closes
-        )
-
-    infos = [
-        info("a", "keras-team/keras#7", True),
-        info("b", "keras-team/keras#7", True),
-        info("c", "keras-team/keras#8", False),
-        info("d", None, False),
-    ]
-    assert prseries.issue_lines(infos) == [
-        "Fixes keras-team/keras#7",
-        "Refs keras-team/keras#7",
-        "Refs keras-team/keras#8",
-        "",
-    ]
-
-
-def test_the_pr_author_is_the_builders_git_identity(upstream, monkeypatch):
-    layout, base, _ = upstream
-    tree = series.materialize(layout, base)
-    _add_fix(layout, base, tree)
-    tree = series.materialize(layout, base)
-    series.git(layout.root, "init", "-q")
-    series.git(layout.root, "config", "user.name", "Ada Lovelace")
-    series.git(layout.root, "config", "user.email", "ada@example.org")
-    out = prseries.write(layout, base, tree)
-    patch = (out / "0001-Reverse-the-order.patch").read_text()
-    assert "\nFrom: Ada Lovelace <ada@example.org>\n" in patch
-    cover = (out / "0000-cover-letter.patch").read_text()
-    assert "\nAda Lovelace (1):\n  Reverse the order\n" in cover
-
-
 def test_not_alone_names_a_patch_that_needs_an_earlier_one(upstream):
     """A master PR must apply on master by itself: patch 2 edits what patch
     1 wrote, so it applies only as part of the chain."""
@@ -696,7 +520,7 @@ def test_export_keeps_the_test_hunks_a_tree_without_tests_lacks(upstream):
     keeps the test hunks of the patch file of the same name."""
     layout, base, _ = upstream
     tree = series.materialize(layout, base)
-    (name,) = _add_fix(layout, base, tree)
+    (name,) = fake.add_fix(layout, base, tree)
     folder = series.series_dir(layout, base)
     test_block = (
         "diff --git a/keras/src/shuffle_test.py b/keras/src/shuffle_test.py\n"
@@ -792,35 +616,3 @@ def test_added_tests_are_module_functions_and_class_methods_only(tmp_path):
         "keras/src/a_test.py::test_method",
         "keras/src/a_test.py::test_added",
     ]
-
-
-def test_pr_description_sections_follow_the_message_labels():
-    """A commit message's labelled paragraphs become the PR body's
-    headings: the problem opens the description, a Repro keeps its code
-    block whole (blank lines and column-0 comments included), the change
-    is "The fix", and behaviour changes and cost get their own."""
-    message = "\n\n".join(
-        [
-            "Shuffling ignores the seed. Four defects:",
-            "- one\n- two",
-            "Repro (KERAS_BACKEND=jax):",
-            "```python\nimport keras",
-            "# master: the same order\nassert order(1) != order(2)\n```",
-            "The order now comes from the seed.",
-            "Behavior change: another order for a given seed.",
-            "Cost: none.",
-            "Fixes keras-team/keras#1",
-        ]
-    )
-    info = series.PatchInfo("p.patch", "Shuffle", message, {}, None, "")
-    text = "\n".join(prseries.description_sections(info))
-    assert [h for h in text.split("\n") if h.startswith("##")] == [
-        "### Repro (KERAS_BACKEND=jax)",
-        "### The fix",
-        "### Behaviour changes",
-        "### Cost",
-    ]
-    assert text.startswith("Shuffling ignores the seed. Four defects:\n\n- one")
-    assert "import keras\n\n# master: the same order\nassert" in text
-    assert "### Behaviour changes\n\nAnother order for a given seed." in text
-    assert "### Cost\n\nNone." in text and "Fixes" not in text

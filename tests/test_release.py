@@ -15,10 +15,10 @@ import pytest
 from keras_fork.proof import catalog
 from keras_fork.proof import fixes
 from keras_fork.recipe import pins
-from keras_fork.recipe import prseries
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
 from keras_fork.recipe import wheel
+from keras_fork.upstream import prseries
 
 pytestmark = pytest.mark.release
 LAYOUT = pins.Layout.default()

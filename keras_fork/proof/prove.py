@@ -423,8 +423,8 @@ def _report(ran: list[dict], console) -> int:
 
 
 def main(args, layout: pins.Layout) -> int:
-    """``python -m keras_fork prove``: runs the selected cells, writes
-    ``dist/proof.*`` and refreshes the PR bodies' proof rows.
+    """``python -m keras_fork prove``: runs the selected cells and writes
+    ``dist/proof.*`` (the ``pr-series`` verb puts them into the PR bodies).
 
     Returns:
         0 when no selected cell is a problem (``fixes.PROBLEMS``:
@@ -447,12 +447,6 @@ def main(args, layout: pins.Layout) -> int:
     table = [r for k, r in sorted(results.items()) if k in known]
     write_outputs(layout, table, p.accelerator, args.docs, runs)
     _print_table(table)
-    from keras_fork.recipe import prseries
-
-    for base in p.bases.values():
-        tree = layout.tree(base.version)
-        if prseries.pr_series_dir(layout, base).is_dir() and tree.is_dir():
-            prseries.write(layout, base, tree)
     return _report([rows[c.key] for c in p.cells], console)
 
 

@@ -7,10 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from keras_fork import outputs
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
-from keras_fork.recipe import prseries
 from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
 from keras_fork.recipe import testswheel
@@ -54,17 +52,18 @@ def check_arguments(p) -> None:
 
 
 def build(args, layout: pins.Layout) -> int:
-    """Wheels and PR series of each selected base into ``dist/``.
+    """The wheel of each selected base into ``dist/`` (the PR series is
+    the ``pr-series`` verb's).
 
     Every base's sdist is checked (present, sha256, version) before any
-    output changes; each base's wheel and series are built in a staging
-    folder under ``build/`` and moved into place only when both are whole,
-    so a failed build leaves the previous ones byte-identical.
+    output changes; each base's wheel is built in a staging folder under
+    ``build/`` and moved into place only when whole, so a failed build
+    leaves the previous ones byte-identical.
 
     Raises:
         ForkError: an unknown base, ``--sdist`` with several bases, a bad
             sdist (``sdist.fetch``), a series out of canonical form, or a
-            master PR that does not apply alone.
+            master PR that does not apply alone (``series.checked_tree``).
     """
     bases = pins.select_bases(layout, args.base)
     if args.sdist and len(bases) != 1:
@@ -74,9 +73,8 @@ def build(args, layout: pins.Layout) -> int:
         sdist_lib.fetch(layout, base, args.sdist)
     console = _console()
     for base in bases:
-        whl, pr = _build_base(layout, base, console)
+        whl = _build_base(layout, base, console)
         console.print(f"[green]built[/] {whl.relative_to(layout.root)}")
-        console.print(f"[green]wrote[/] {pr.relative_to(layout.root)}/")
     tests = testswheel.build(layout)
     console.print(f"[green]built[/] {tests.relative_to(layout.root)}")
     return 0
@@ -89,62 +87,43 @@ def _remove_scratch(layout: pins.Layout) -> None:
         *layout.build.glob(".wheel.*"),
         *layout.build.glob("trees/.*"),
         *layout.build.glob(".stage.*"),
-        *layout.dist.glob("pr-series/.pr.*"),
+        *layout.build.glob(".testswheel.*"),
     ]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _build_base(layout: pins.Layout, base: pins.Base, console):
-    """Materializes and checks ``base``'s tree, builds its wheel and PR
-    series in a staging folder, then publishes both.
+def _build_base(layout: pins.Layout, base: pins.Base, console) -> Path:
+    """Materializes and checks ``base``'s tree (``series.checked_tree``),
+    builds its wheel in a staging folder, then publishes it.
 
     Returns:
-        ``(wheel, series folder)`` in ``dist/``.
+        The wheel in ``dist/``.
     """
     with console.status(f"keras {base.version}: materializing"):
-        tree = series.materialize(layout, base)
-    drift = series.check(layout, base, tree)
-    if drift:
-        raise ForkError(
-            f"re-exporting the {base.version} tree changes {drift}: "
-            f"patches/{base.version} is not in canonical form; run "
-            f"`python -m keras_fork export --base {base.version}`"
-        )
-    if base.package == "keras-nightly":  # master: PRs go in one by one
-        alone = series.not_alone(tree, series.read_series(layout, base))
-        if alone:
-            raise ForkError(
-                f"PRs of the master series {base.version} that do not "
-                "apply alone on master (make each stand alone, or fold "
-                "it into the PR it needs):\n  " + "\n  ".join(alone)
-            )
+        tree = series.checked_tree(layout, base)
     # Staged under build/, on dist/'s file system (both in the checkout):
-    # the moves into dist/ are renames, and a killed build leaves nothing
+    # the move into dist/ is a rename, and a killed build leaves nothing
     # in dist/.
     layout.build.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=layout.build, prefix=".stage.") as t:
         with console.status(f"keras {base.version}: building the wheel"):
             whl = wheel.build(layout, base, tree, outdir=Path(t))
-        pr = prseries.stage(layout, base, tree, Path(t) / "pr-series")
-        return _publish(layout, base, whl, pr)
+        return _publish(layout, base, whl)
 
 
-def _publish(layout: pins.Layout, base: pins.Base, whl: Path, pr: Path):
-    """Moves a base's staged wheel and series into ``dist/``, replacing the
-    previous ones (a wheel of another fork build number of the base
-    included).
+def _publish(layout: pins.Layout, base: pins.Base, whl: Path) -> Path:
+    """Moves a base's staged wheel into ``dist/``, replacing the previous
+    one (a wheel of another fork build number of the base included).
 
     Returns:
-        ``(wheel, series folder)`` in ``dist/``.
+        The wheel in ``dist/``.
     """
     final = layout.dist / whl.name
     for old in layout.dist.glob(f"keras-{base.version}+fork.*.whl"):
         if old != final:
             old.unlink()
     os.replace(whl, final)
-    dest = prseries.pr_series_dir(layout, base)
-    outputs.replace_dir(pr, dest)
-    return final, dest
+    return final
 
 
 def export(args, layout: pins.Layout) -> int:

@@ -630,6 +630,43 @@ def check(layout: Layout, base: Base, tree: Path) -> list[str]:
     )
 
 
+def checked_tree(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
+    """Materializes ``base``'s tree and checks its series, for the outputs
+    made from it (the wheel, the PR series).
+
+    Args:
+        layout: where the patches, the sdist cache and the tree are.
+        base: the pinned base.
+        sdist: an sdist file to use instead of the cached one (``fetch``).
+
+    Returns:
+        The path of the tree (``materialize``).
+
+    Raises:
+        ForkError: what ``materialize`` raises; re-exporting the tree does
+            not reproduce ``patches/<V>`` exactly (not in canonical form);
+            or, on a ``keras-nightly`` base (master: its PRs go in one by
+            one), a PR that does not apply alone.
+    """
+    tree = materialize(layout, base, sdist)
+    drift = check(layout, base, tree)
+    if drift:
+        raise ForkError(
+            f"re-exporting the {base.version} tree changes {drift}: "
+            f"patches/{base.version} is not in canonical form; run "
+            f"`python -m keras_fork export --base {base.version}`"
+        )
+    if base.package == "keras-nightly":
+        alone = not_alone(tree, read_series(layout, base))
+        if alone:
+            raise ForkError(
+                f"PRs of the master series {base.version} that do not "
+                "apply alone on master (make each stand alone, or fold "
+                "it into the PR it needs):\n  " + "\n  ".join(alone)
+            )
+    return tree
+
+
 def without_files(patch: bytes, paths: list[str]) -> bytes:
     """A ``git format-patch --no-stat`` file's bytes without the ``diff
     --git`` blocks of ``paths``: what exporting the commit would give if

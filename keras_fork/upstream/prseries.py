@@ -1,21 +1,34 @@
-"""The PR series: what maintainers read upstream.
+"""The PR series: what maintainers read upstream
+(``python -m keras_fork pr-series``).
 
 ``dist/pr-series/<version>/`` holds ``git format-patch`` files (numbered, with
 a cover letter) that ``git am`` cleanly onto the pristine sdist tree, with the
 fork-only trailers removed, and one markdown PR body a patch. For a base
 whose sdist has no test files (``keras-nightly``), they are the series'
 own patches, test hunks included: they apply to a Keras git checkout.
+
+Its own stage, after the proof: it reads ``patches/<V>`` (through a tree it
+materializes and checks itself, never ``build/trees/<V>``, which may hold
+work not yet exported) and, where present, the proof's results
+(``dist/proof.json``) and the last ``pr-check`` (``dist/pr-check-<V>.json``).
+``scripts/build`` runs it after ``build``; ``scripts/test`` again after the
+proof matrix, so that the bodies carry the proof.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from keras_fork import outputs
+from keras_fork.errors import ForkError
+from keras_fork.recipe import pins
+from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
 from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
@@ -40,7 +53,88 @@ TOPOLOGY_LEGEND = (
 
 
 def pr_series_dir(layout: Layout, base: Base) -> Path:
+    """Where the PR series of ``base`` is written:
+    ``dist/pr-series/<version>/``."""
     return layout.dist / "pr-series" / base.version
+
+
+def add_arguments(p) -> None:
+    """The ``pr-series`` verb's options."""
+    p.add_argument(
+        "--base",
+        action="append",
+        help="only this base (repeatable; default: every pinned base)",
+    )
+    p.add_argument(
+        "--sdist",
+        type=Path,
+        help="use this sdist instead of the cached or downloaded one "
+        "(offline; needs exactly one --base; checked against the pinned "
+        "sha256): scripts/build passes build's options on",
+    )
+
+
+def main(args, layout: Layout) -> int:
+    """``python -m keras_fork pr-series``: writes
+    ``dist/pr-series/<V>/`` of each selected base from ``patches/<V>``,
+    with the proof rows of ``dist/proof.json`` and the ``pr-check`` rows
+    where those exist.
+
+    Every base's sdist is checked (cached, sha256) before any output
+    changes; each base's folder is replaced whole (``write``), so a failure
+    leaves the previous series as they were.
+
+    Raises:
+        ForkError: an unknown base, ``--sdist`` with several bases, a bad
+            or missing sdist (``sdist.fetch``), or a series that fails
+            ``series.checked_tree`` (a patch that does not apply, not in
+            canonical form, a master PR that does not apply alone).
+    """
+    from rich.console import Console
+
+    bases = pins.select_bases(layout, args.base)
+    if args.sdist and len(bases) != 1:
+        raise ForkError("--sdist needs exactly one --base")
+    _remove_scratch(layout)
+    for base in bases:
+        sdist_lib.fetch(layout, base, args.sdist)
+    console = Console(stderr=True, highlight=False)
+    with_proof = " (with dist/proof.json)" if proof_cells(layout) else ""
+    for base in bases:
+        with console.status(f"keras {base.version}: the PR series"):
+            dest = write_from_patches(layout, base)
+        where = dest.relative_to(layout.root)
+        console.print(f"[green]wrote[/] {where}/{with_proof}")
+    return 0
+
+
+def _remove_scratch(layout: Layout) -> None:
+    """Removes the scratch folders of a run that was killed (no cleanup
+    ran): its trees under ``build/`` and its staged or set-aside series
+    under ``dist/pr-series/``."""
+    for scratch in [
+        *layout.build.glob(".pr-series.*"),
+        *layout.dist.glob("pr-series/.*"),
+    ]:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_from_patches(layout: Layout, base: Base) -> Path:
+    """Materializes and checks ``base``'s tree in a scratch folder under
+    ``build/`` (``series.checked_tree``), then writes its PR series from it
+    (``write``).
+
+    Returns:
+        The folder ``dist/pr-series/<version>/``.
+    """
+    layout.build.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(
+        dir=layout.build, prefix=".pr-series."
+    ) as scratch:
+        tree = series.checked_tree(
+            dataclasses.replace(layout, build=Path(scratch)), base
+        )
+        return write(layout, base, tree)
 
 
 def proof_cells(layout: Layout) -> list[dict]:

@@ -1,0 +1,301 @@
+"""The PR series (``python -m keras_fork pr-series``) on a fake upstream:
+its own stage, after ``build`` (wheels only) and after the proof.
+
+These tests need no network and no real Keras; each builds a small fake
+``keras-9.9.9`` sdist in a temporary folder.
+"""
+
+import json
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from keras_fork import cli
+from keras_fork.recipe import sdist
+from keras_fork.recipe import series
+from keras_fork.recipe import wheel
+from keras_fork.upstream import prseries
+from tests import fake_upstream as fake
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    """(layout, base, sdist path outside the cache)."""
+    return fake.make_upstream(tmp_path)
+
+
+def _pr_series(layout, *args: str) -> Path:
+    """Runs the ``pr-series`` verb on the fake layout; returns the fake
+    base's folder ``dist/pr-series/9.9.9``."""
+    assert cli.main(["--root", str(layout.root), "pr-series", *args]) == 0
+    return layout.dist / "pr-series" / fake.VERSION
+
+
+def test_a_pr_body_reports_its_pr_check_row(upstream):
+    layout, base, _ = upstream
+    fake.add_fix(layout, base, series.materialize(layout, base))
+    (patch,) = series.read_series(layout, base)
+    layout.dist.mkdir(parents=True, exist_ok=True)
+    row = {
+        "patch": patch.name,
+        "applies": True,
+        "error": None,
+        "torch": "pass",
+        "stock:torch": "fail",
+        "jax": "-",
+        "verdict": "proven",
+    }
+    (layout.dist / f"pr-check-{base.version}.json").write_text(
+        json.dumps({"rev": "master", "source": "checkout", "rows": [row]})
+    )
+    out = _pr_series(layout)
+    body = (out / "0001-Reverse-the-order.md").read_text()
+    assert "### This PR alone on Keras master\n" in body
+    assert "Keras at `master`, the tests it adds" in body
+    assert "| torch | fail | pass |" in body and "| jax |" not in body
+
+
+def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
+    upstream, tmp_path
+):
+    layout, base, archive = upstream
+    fake.add_fix(layout, base, series.materialize(layout, base))
+    out = _pr_series(layout)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == [
+        "0000-cover-letter.patch",
+        "0001-Reverse-the-order.md",
+        "0001-Reverse-the-order.patch",
+    ]
+    text = (out / "0001-Reverse-the-order.patch").read_text()
+    for trailer in series.FORK_TRAILERS:
+        assert f"\n{trailer}: " not in text
+    assert "Fixes keras-team/keras#1" in text
+    body = (out / "0001-Reverse-the-order.md").read_text()
+    assert "\nFixes keras-team/keras#1\n" in body
+    assert body.startswith("## Description\n\nBecause tests want it.\n")
+    # Keras's PR template: the agreement's boxes, unticked; no proof run,
+    # no placeholder in the body: the cover letter says so.
+    assert "## Contributor Agreement\n\n- [ ] I am a human" in body
+    assert "## AI assistance\n\nAn AI coding agent wrote this change" in body
+    assert body.index("## AI assistance") < body.index("## Contributor")
+    assert "Proof" not in body and "scripts/" not in body
+    assert "alone on Keras master" not in body  # no pr-check run
+    cover = (out / "0000-cover-letter.patch").read_text()
+    assert "Subject: [PATCH 0/1] " in cover and "proof" not in cover
+    assert " 1 files changed, 1 insertions(+), 1 deletions(-)" in cover
+    # git am onto a pristine unpack of the sdist.
+    pristine = tmp_path / "pristine"
+    sdist.unpack(archive, base, pristine)
+    env = series.git_env(fake.EPOCH)
+    series.git(pristine, "init", "-q", env=env)
+    series.git(pristine, "add", "-A", env=env)
+    series.git(pristine, "commit", "-qm", "pristine", env=env)
+    series.git(pristine, "am", "-q", str(out / files[2]), env=env)
+    assert "reversed" in (pristine / "keras/src/shuffle.py").read_text()
+
+
+def _repo_only_patch(layout, base, tmp_path):
+    """A fake upstream git repo (tag v9.9.9) with examples/demo.py, which the
+    sdist lacks, and a repo-only patch for it in patches/9.9.9/repo-only."""
+    upstream = tmp_path / "upstream-git"
+    (upstream / "examples").mkdir(parents=True)
+    (upstream / "examples/demo.py").write_text("step(training=None)\n")
+    env = series.git_env(fake.EPOCH)
+    series.git(upstream, "init", "-q", env=env)
+    series.git(upstream, "add", "-A", env=env)
+    series.git(upstream, "commit", "-qm", "upstream", env=env)
+    series.git(upstream, "tag", f"v{fake.VERSION}", env=env)
+    series.git(upstream, "tag", series.PRISTINE_TAG, env=env)
+    (upstream / "examples/demo.py").write_text("step(training=True)\n")
+    series.git(
+        upstream,
+        "commit",
+        "-qam",
+        "Fix the demo\n\nFixes keras-team/keras#2\n\nFork-Fix: reverse",
+        env=env,
+    )
+    folder = series.series_dir(layout, base) / series.REPO_ONLY
+    folder.mkdir()
+    (made,) = series.format_patch(upstream, folder)
+    name = re.sub(r"^\d{4}-", "", made.name)
+    made.rename(folder / name)
+    (folder / ".patches").write_text(name + "\n")
+    series.git(upstream, "reset", "-q", "--hard", "HEAD~1", env=env)
+    return upstream, name
+
+
+def test_repo_only_patches_join_the_pr_series_but_not_the_wheel(
+    upstream, tmp_path
+):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    fake.add_fix(layout, base, tree)
+    repo, name = _repo_only_patch(layout, base, tmp_path)
+    tree = series.materialize(layout, base)  # the repo-only patch is skipped
+    assert not (tree / "examples").exists()
+    assert series.check(layout, base, tree) == []
+    series.export(tree, series.series_dir(layout, base))  # keeps repo-only
+    assert [p.name for p in series.read_repo_only(layout, base)] == [name]
+    out = _pr_series(layout)
+    patches = sorted(p.name for p in out.glob("*.patch"))
+    assert patches[2] == f"0002-{name}"
+    text = (out / patches[2]).read_text()
+    assert "Subject: [PATCH 2/2] Fix the demo" in text
+    assert "Fork-Fix" not in text
+    assert "[PATCH 1/2]" in (out / patches[1]).read_text()
+    assert "[PATCH 0/2]" in (out / patches[0]).read_text()
+    whl = wheel.build(layout, base, tree)
+    with zipfile.ZipFile(whl) as z:
+        manifest = json.loads(
+            z.read("keras-9.9.9+fork.1.dist-info/FORK_PATCHES.json")
+        )
+    assert [p["name"] for p in manifest["patches"]] == [
+        "Reverse-the-order.patch"
+    ]
+    assert series.check_repo_only(layout, base, repo) == []
+    # Upstream moved on and the patch no longer applies: named.
+    (repo / "examples/demo.py").write_text("other()\n")
+    env = series.git_env(fake.EPOCH)
+    series.git(repo, "commit", "-qam", "move", env=env)
+    series.git(repo, "tag", "-f", f"v{fake.VERSION}", env=env)
+    (failure,) = series.check_repo_only(layout, base, repo)
+    assert failure.startswith(name) and "examples/demo.py" in failure
+
+
+def test_fixes_is_claimed_once_per_issue_across_the_series():
+    def info(subject, issue, closes):
+        return series.PatchInfo(
+            subject, subject, subject, {}, issue, "", closes
+        )
+
+    infos = [
+        info("a", "keras-team/keras#7", True),
+        info("b", "keras-team/keras#7", True),
+        info("c", "keras-team/keras#8", False),
+        info("d", None, False),
+    ]
+    assert prseries.issue_lines(infos) == [
+        "Fixes keras-team/keras#7",
+        "Refs keras-team/keras#7",
+        "Refs keras-team/keras#8",
+        "",
+    ]
+
+
+def test_the_pr_author_is_the_builders_git_identity(upstream):
+    layout, base, _ = upstream
+    fake.add_fix(layout, base, series.materialize(layout, base))
+    series.git(layout.root, "init", "-q")
+    series.git(layout.root, "config", "user.name", "Ada Lovelace")
+    series.git(layout.root, "config", "user.email", "ada@example.org")
+    out = _pr_series(layout)
+    patch = (out / "0001-Reverse-the-order.patch").read_text()
+    assert "\nFrom: Ada Lovelace <ada@example.org>\n" in patch
+    cover = (out / "0000-cover-letter.patch").read_text()
+    assert "\nAda Lovelace (1):\n  Reverse the order\n" in cover
+
+
+def test_pr_description_sections_follow_the_message_labels():
+    """A commit message's labelled paragraphs become the PR body's
+    headings: the problem opens the description, a Repro keeps its code
+    block whole (blank lines and column-0 comments included), the change
+    is "The fix", and behaviour changes and cost get their own."""
+    message = "\n\n".join(
+        [
+            "Shuffling ignores the seed. Four defects:",
+            "- one\n- two",
+            "Repro (KERAS_BACKEND=jax):",
+            "```python\nimport keras",
+            "# master: the same order\nassert order(1) != order(2)\n```",
+            "The order now comes from the seed.",
+            "Behavior change: another order for a given seed.",
+            "Cost: none.",
+            "Fixes keras-team/keras#1",
+        ]
+    )
+    info = series.PatchInfo("p.patch", "Shuffle", message, {}, None, "")
+    text = "\n".join(prseries.description_sections(info))
+    assert [h for h in text.split("\n") if h.startswith("##")] == [
+        "### Repro (KERAS_BACKEND=jax)",
+        "### The fix",
+        "### Behaviour changes",
+        "### Cost",
+    ]
+    assert text.startswith("Shuffling ignores the seed. Four defects:\n\n- one")
+    assert "import keras\n\n# master: the same order\nassert" in text
+    assert "### Behaviour changes\n\nAnother order for a given seed." in text
+    assert "### Cost\n\nNone." in text and "Fixes" not in text
+
+
+def test_build_writes_wheels_only_and_pr_series_writes_the_series(upstream):
+    """The PR series is its own stage: ``build`` leaves ``dist/pr-series``
+    alone; ``pr-series`` writes it from ``patches/<V>`` through a tree of
+    its own, leaving ``build/trees/<V>`` (where a fix is being edited) as
+    it was."""
+    layout, base, _ = upstream
+    fake.add_fix(layout, base, series.materialize(layout, base))
+    assert cli.main(["--root", str(layout.root), "build"]) == 0
+    assert (layout.dist / base.wheel_name).is_file()
+    assert not (layout.dist / "pr-series").exists()
+    tree = layout.tree(base.version)
+    (tree / "keras/src/shuffle.py").write_text("def order(n):\n    return []\n")
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "commit", "-qam", "Work in progress", env=env)
+    head = series.git(tree, "rev-parse", "HEAD")
+    out = _pr_series(layout)
+    assert out == prseries.pr_series_dir(layout, base)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "0000-cover-letter.patch",
+        "0001-Reverse-the-order.md",
+        "0001-Reverse-the-order.patch",
+    ]
+    assert series.git(tree, "rev-parse", "HEAD") == head
+    assert not [p for p in layout.build.iterdir() if p.name.startswith(".")]
+    assert not [p for p in layout.dist.rglob(".*")]
+
+
+def _proof_cell(base, verdict, topology):
+    return {
+        "fix": "reverse",
+        "base": base.version,
+        "backend": "jax",
+        "topology": topology,
+        "stock": "fail" if verdict == "proven" else "-",
+        "fork": "pass" if verdict == "proven" else "-",
+        "verdict": verdict,
+    }
+
+
+def test_the_bodies_carry_the_proof_when_dist_has_one(upstream):
+    """Without ``dist/proof.json`` neither the bodies nor the cover letter
+    say anything about proof; after a proof run, ``pr-series`` puts each
+    patch's cells into its body and the cover letter points to them."""
+    layout, base, _ = upstream
+    fake.add_fix(layout, base, series.materialize(layout, base))
+    out = _pr_series(layout)
+    body = (out / "0001-Reverse-the-order.md").read_text()
+    cover = (out / "0000-cover-letter.patch").read_text()
+    assert "proof" not in body.lower() and "proof" not in cover.lower()
+    cells = [
+        _proof_cell(base, "proven", "8"),
+        _proof_cell(base, "n/a", "procs-2"),
+        dict(_proof_cell(base, "proven", "1"), fix="another-fix"),
+    ]
+    (layout.dist / "proof.json").write_text(json.dumps({"cells": cells}))
+    out = _pr_series(layout, "--base", base.version)
+    body = (out / "0001-Reverse-the-order.md").read_text()
+    assert f"### Proof on keras {base.version} (stock vs the series)" in body
+    assert "| jax | 8 | fail | pass | proven |" in body
+    assert "(1 more cells do not apply.)" in body
+    assert "| jax | 1 |" not in body  # another fix's cell
+    cover = (out / "0000-cover-letter.patch").read_text()
+    assert "\nproof: in each PR body\n" in cover
+
+
+def test_pr_series_of_an_empty_series_is_an_empty_folder(upstream):
+    layout, base, _ = upstream
+    out = _pr_series(layout)
+    assert out.is_dir() and list(out.iterdir()) == []
