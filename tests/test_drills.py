@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from keras_fork.recipe import pins
+from keras_fork.recipe import testswheel
 from tests import fake_upstream as fake
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,8 +94,10 @@ def test_build_killed_midway_leaves_dist_as_it_was_and_recovers(tmp_path):
 
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
-    assert [p.name for p in layout.dist.glob("*.whl")] == [base.wheel_name]
+    wheels = sorted(p.name for p in layout.dist.glob("*.whl"))
+    assert wheels == sorted([base.wheel_name, testswheel.wheel_name()])
     leftovers = list(layout.build.glob(".wheel.*"))
+    leftovers += list(layout.build.glob(".testswheel.*"))
     leftovers += list(layout.build.glob(".stage.*"))
     leftovers += list(layout.build.glob("trees/.*"))
     assert leftovers == []

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from keras_fork.errors import ForkError
+from keras_fork.recipe.pins import REPO_ROOT
 from keras_fork.recipe.pins import Layout
 
 PACKAGE = "keras_fork_tests"
@@ -60,36 +61,37 @@ include = ["{package}*"]
 """
 
 
-def version(layout: Layout) -> str:
-    """This tool's version, ``[metadata] version`` of ``setup.cfg``.
+def version() -> str:
+    """This tool's version, ``[metadata] version`` of its ``setup.cfg``.
 
     Raises:
         ForkError: ``setup.cfg`` has none.
     """
     cfg = configparser.ConfigParser()
-    cfg.read(layout.root / "setup.cfg")
+    cfg.read(REPO_ROOT / "setup.cfg")
     try:
         return cfg["metadata"]["version"]
     except KeyError:
         raise ForkError("setup.cfg has no [metadata] version") from None
 
 
-def wheel_name(layout: Layout) -> str:
+def wheel_name() -> str:
     """``keras_fork_tests-<V>-py3-none-any.whl``."""
-    return f"{PACKAGE}-{version(layout)}-py3-none-any.whl"
+    return f"{PACKAGE}-{version()}-py3-none-any.whl"
 
 
-def _stage(layout: Layout, src: Path) -> None:
-    """Copies the test package into ``src/keras_fork_tests`` (no caches)
-    with its ``pyproject.toml`` beside it."""
+def _stage(src: Path) -> None:
+    """Copies this tool's test package (``integration_tests/`` of its own
+    checkout, whatever layout it builds) into ``src/keras_fork_tests`` (no
+    caches) with its ``pyproject.toml`` beside it."""
     shutil.copytree(
-        layout.root / SOURCE,
+        REPO_ROOT / SOURCE,
         src / PACKAGE,
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
     (src / "pyproject.toml").write_text(
         PYPROJECT.format(
-            distribution=DISTRIBUTION, version=version(layout), package=PACKAGE
+            distribution=DISTRIBUTION, version=version(), package=PACKAGE
         )
     )
 
@@ -112,12 +114,10 @@ def build(layout: Layout, outdir: Path | None = None) -> Path:
             dir=layout.build, prefix=".testswheel."
         ) as tmp:
             tmp = Path(tmp)
-            _stage(layout, tmp / "src")
+            _stage(tmp / "src")
             built = _frontend(tmp, env)
-            if built.name != wheel_name(layout):
-                raise ForkError(
-                    f"built {built.name}, expected {wheel_name(layout)}"
-                )
+            if built.name != wheel_name():
+                raise ForkError(f"built {built.name}, expected {wheel_name()}")
             final = (outdir or layout.dist) / built.name
             final.parent.mkdir(parents=True, exist_ok=True)
             os.replace(built, final)
