@@ -7,9 +7,12 @@ default) must fail on stock where its cell is ``proven``; a guard test
 documents behavior that stock already has and must pass on both. The runner
 starts one pytest process per base, variant, backend and topology with
 ``PROOF_FIX`` naming its fixes; only their tests are collected
-(``harness.selection``). Outside the runner (a developer running pytest
-by hand) every test runs on the topology of ``PROOF_TOPOLOGY`` (default ``1``)
-with whichever keras is importable.
+(``harness.selection``). A test that runs on some topologies only says so
+with ``@pytest.mark.topology(...)``; elsewhere it is skipped at collection,
+with a reason in one of three categories (``harness.markers``). Outside
+the runner (a developer running pytest by hand) every test runs on the
+topology of ``PROOF_TOPOLOGY`` (default ``1``) with whichever keras is
+importable.
 """
 
 from __future__ import annotations
@@ -19,13 +22,18 @@ import gc
 import pytest
 
 from .harness import devices
+from .harness import markers
 from .harness import plugin
 from .harness import selection
 from .harness.plugin import pytest_configure  # noqa: F401
 
-# The fix selection and the per-case fix and role properties.
-pytest_collection_modifyitems = selection.pytest_collection_modifyitems
-_proof_properties = selection.proof_properties
+
+def pytest_collection_modifyitems(config, items):
+    """The fix selection and each case's fix and role properties
+    (``selection``), then the skips of the ``topology`` markers that this
+    process's topology does not meet (``markers``)."""
+    selection.pytest_collection_modifyitems(config, items)
+    markers.pytest_collection_modifyitems(config, items)
 
 
 @pytest.fixture

@@ -38,7 +38,6 @@ CONFTEST = """\
 from integration_tests.harness import selection
 
 pytest_collection_modifyitems = selection.pytest_collection_modifyitems
-_proof_properties = selection.proof_properties
 """
 TIMEOUT, GRACE = 3, 2
 

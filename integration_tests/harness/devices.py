@@ -13,6 +13,8 @@ import contextlib
 import dataclasses
 import os
 
+from . import markers
+from . import topologies
 from . import workers
 from .topologies import MULTI_PROCESS
 from .topologies import TOPOLOGIES
@@ -74,8 +76,8 @@ class Topology:
 
 
 ONE_DEVICE_REFERENCE = (
-    "one device: training under the topology is the one-device reference "
-    "itself, so comparing the two cannot fail"
+    f"{markers.NOT_APPLICABLE}: one device: training under the topology is "
+    "the one-device reference itself, so comparing the two cannot fail"
 )
 
 
@@ -220,8 +222,7 @@ def current() -> Topology:
     global _CURRENT
     if _CURRENT is not None:
         return _CURRENT
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-    name = os.environ.get("PROOF_TOPOLOGY", "1")
+    backend, name = topologies.from_env()
     gpu = on_gpu()
     replicas, _ = TOPOLOGIES[(backend, name)]
     strategy = None
@@ -237,7 +238,7 @@ def current() -> Topology:
                 "XLA_FLAGS must be set before jax starts"
             )
         replicas = len(devices) if replicas > 1 else 1
-    elif backend == "tensorflow" and name.startswith("mirrored-"):
+    elif topologies.has_strategy(backend, name):
         import tensorflow as tf
 
         if gpu:

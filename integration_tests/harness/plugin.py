@@ -1,4 +1,5 @@
-"""Pytest hooks the proof runs share: the check that a run imported the
+"""Pytest hooks the proof runs share: the ``fix`` and ``topology`` markers'
+declaration (``markers.register``); the check that a run imported the
 keras variant it was started for (``PROOF_KERAS_DIR``,
 ``PROOF_KERAS_VERSION``), after the topology's devices are set up; and
 ``freeze_heap``, which the proof suite's conftest calls.
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from . import devices
+from . import markers
 
 # ``PROOF_GC_FREEZE=0``: no ``gc.freeze``, as before 2026-11-26; only
 # ``bench-matrix`` sets it, to measure what that cost.
@@ -42,6 +44,7 @@ def freeze_heap() -> None:
 
 
 def pytest_configure(config):
+    markers.register(config)
     # Before any backend op: TensorFlow logical devices are fixed at start.
     devices.current()
     import keras

@@ -5,8 +5,9 @@ Every proof test is marked ``@pytest.mark.fix("<fix id>")``, optionally with
 only). The runner sets ``PROOF_FIX`` to the fixes of its run, comma
 separated (one process runs every selected fix of one base, variant,
 backend and topology); only their tests are collected. Each case records
-its ``fix`` and ``role`` as JUnit properties, from which the runner gives
-every cell its own result. Imports no backend, so that the runner's own
+its ``fix`` and ``role`` as JUnit properties (at collection, so that a
+case skipped there has them too), from which the runner gives every cell
+its own result. Imports no backend, so that the runner's own
 tests can use it with fake fixes.
 """
 
@@ -77,19 +78,25 @@ def pytest_collection_modifyitems(config, items):
             f"proof tests must be marked @pytest.mark.fix(...): {unmarked}"
         )
     wanted = wanted_fixes()
-    if wanted is None:
-        return
-    config.hook.pytest_deselected(
-        items=[i for i in items if fix_of(i) not in wanted]
-    )
-    items[:] = [i for i in items if fix_of(i) in wanted]
+    if wanted is not None:
+        config.hook.pytest_deselected(
+            items=[i for i in items if fix_of(i) not in wanted]
+        )
+        items[:] = [i for i in items if fix_of(i) in wanted]
+    for item in items:
+        record_properties(item)
 
 
-@pytest.fixture(autouse=True)
-def proof_properties(request, record_property):
-    """Records the case's ``fix`` and ``role`` (JUnit properties)."""
-    record_property("fix", fix_of(request.node))
-    record_property("role", role_of(request.node))
+def record_properties(item) -> None:
+    """Records the case's ``fix`` and ``role`` as JUnit properties, as
+    ``record_property`` would, but at collection: also a case skipped
+    before its fixtures (a ``topology`` marker's skip) carries them.
+
+    Raises:
+        pytest.UsageError: the marker names a role not in ``ROLES``.
+    """
+    item.user_properties.append(("fix", fix_of(item)))
+    item.user_properties.append(("role", role_of(item)))
 
 
 def is_added_test(name: str, added: set[str] | tuple[str, ...]) -> bool:

@@ -116,6 +116,23 @@ def known(backend: str, topology: str) -> bool:
     return (backend, topology) in TOPOLOGIES
 
 
+def from_env() -> tuple[str, str]:
+    """This process's ``(backend, topology)``: ``KERAS_BACKEND`` (default
+    ``tensorflow``) and ``PROOF_TOPOLOGY`` (default ``1``), as ``env_for``
+    set them."""
+    return (
+        os.environ.get("KERAS_BACKEND", "tensorflow"),
+        os.environ.get("PROOF_TOPOLOGY", "1"),
+    )
+
+
+def has_strategy(backend: str, topology: str) -> bool:
+    """Whether the test process of a topology trains under a
+    ``tf.distribute`` strategy: ``tensorflow/mirrored-N`` (a
+    ``multiworker-2`` test process has none; its workers do)."""
+    return backend == "tensorflow" and topology.startswith("mirrored-")
+
+
 def gpus_needed(backend: str, topology: str) -> int:
     """GPUs a topology needs with ``--accelerator gpu``: one per replica
     (``jax/8`` needs 2 and takes up to 8, ``jax_gpus``).

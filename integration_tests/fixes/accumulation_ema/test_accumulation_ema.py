@@ -108,6 +108,11 @@ def _fit(scope, config, process=None):
 # `merge_call`; not in 3.15.1, in keras-nightly 3.16.0.dev2026102704), so
 # EMA alone is a guard from 3.16 on; with accumulation it still fails there.
 _EMA_UPSTREAM = pytest.mark.fix("accumulation-ema", guard_since="3.16.0.dev0")
+# torch has no multi-device Model.fit: its multi-replica topologies are all
+# multi-process.
+_SINGLE_PROCESS = pytest.mark.topology(
+    multi_process=False, reason="multi-process topologies run the worker test"
+)
 
 
 @pytest.mark.parametrize(
@@ -117,13 +122,10 @@ _EMA_UPSTREAM = pytest.mark.fix("accumulation-ema", guard_since="3.16.0.dev0")
         for c in sorted(CONFIGS)
     ],
 )
+@_SINGLE_PROCESS
 def test_conditional_updates_match_one_device(topology, config):
     """``fit`` with the optimizer ``config`` under the topology equals one
     device on the same global batches."""
-    if topology.multi_process:
-        pytest.skip(f"{topology.name} runs the worker test")
-    if topology.backend == "torch" and topology.num_replicas > 1:
-        pytest.skip("torch has no multi-device Model.fit")
     devices.skip_comparison_on_one_device(topology)
     expected = _fit(contextlib.nullcontext(), config)
     np.testing.assert_allclose(
@@ -169,13 +171,10 @@ def _fit_loss_scaled(scope, accumulate):
         True,
     ],
 )
+@_SINGLE_PROCESS
 def test_loss_scale_optimizer_matches_one_device(topology, accumulate):
     """LossScaleOptimizer (its skip-or-apply condition and its dynamic
     scale), also over gradient accumulation, equals one device."""
-    if topology.multi_process:
-        pytest.skip(f"{topology.name} runs the worker test")
-    if topology.backend == "torch" and topology.num_replicas > 1:
-        pytest.skip("torch has no multi-device Model.fit")
     devices.skip_comparison_on_one_device(topology)
     weights, scale = _fit_loss_scaled(topology.scope(), accumulate)
     expected_weights, expected_scale = _fit_loss_scaled(
@@ -212,13 +211,12 @@ def _multiworker_fits(rank, world_size):
     }
 
 
-def test_multiworker_conditional_updates_match_one_device(topology):
+@pytest.mark.topology("multiworker-2")
+def test_multiworker_conditional_updates_match_one_device():
     """Two workers (one replica each) against one device in each worker.
 
     On stock 3.15.1, ``fit`` under MultiWorkerMirroredStrategy fails before
     the first step for another reason too (fix multiworker-fit)."""
-    if topology.name != "multiworker-2":
-        pytest.skip("multiworker-2 only")
     runs = workers.run_workers(
         f"{__name__}:_multiworker_fits", world_size=2, timeout=300
     )
@@ -240,12 +238,11 @@ def _jax_process_fits(rank, world_size):
 
 
 @pytest.mark.fix("accumulation-ema", role="guard")
-def test_jax_processes_conditional_updates_match_one_device(topology):
+@pytest.mark.topology("procs-2")
+def test_jax_processes_conditional_updates_match_one_device():
     """jax/procs-2: JAX computes the update on the global arrays, so the
     conditional updates were already right (guard of the N processes = 1
     device invariant)."""
-    if topology.name != "procs-2":
-        pytest.skip("jax/procs-2 only")
     runs = workers.run_workers(
         f"{__name__}:_jax_process_fits", world_size=2, timeout=300
     )
@@ -285,13 +282,12 @@ def _ddp_fits(rank, world_size):
 
 
 @pytest.mark.fix("accumulation-ema", role="guard")
-def test_ddp_conditional_updates_match_one_device(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_conditional_updates_match_one_device():
     """torch/ddp-2: DDP averages the gradients before the Keras optimizer
     sees them, so accumulation and EMA overwrites follow one device (guard
     of the N processes = 1 device invariant for a Keras model in a torch
     DDP loop)."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch/ddp-2 only")
     runs = workers.run_workers(
         f"{__name__}:_ddp_fits", world_size=2, timeout=300
     )

@@ -101,13 +101,14 @@ def _compile(model, optimizer="sgd"):
     )
 
 
-def _single_process(topology):
-    if topology.name in ("multiworker-2", "ddp-2"):
-        # multiworker-2: Model.fit on arrays under MultiWorkerMirroredStrategy
-        # fails before its first step on stock 3.7.0 and 3.15.1 alike
-        # ("Attempt to convert a value (PerReplica...)"), another defect.
-        # ddp-2: Keras has no multi-process Model.fit on torch.
-        pytest.skip("single-process test: this topology is n/a")
+# multiworker-2: Model.fit on arrays under MultiWorkerMirroredStrategy fails
+# before its first step on stock 3.7.0 and 3.15.1 alike ("Attempt to convert
+# a value (PerReplica...)"), another defect. ddp-2: Keras has no
+# multi-process Model.fit on torch.
+_SINGLE_PROCESS = pytest.mark.topology(
+    exclude=("multiworker-2", "ddp-2"),
+    reason="single-process test",
+)
 
 
 def _reference(optimizer, epochs, x, y):
@@ -129,10 +130,10 @@ def _state(model, name):
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@_SINGLE_PROCESS
 def test_fit_matches_one_device(topology, optimizer):
     """2 epochs of ``fit``: per-epoch loss and accuracy, and the final
     weights, equal the one-device run's."""
-    _single_process(topology)
     devices.skip_comparison_on_one_device(topology)
     x, y = _data()
     initial, reference, expected = _reference(optimizer, 2, x, y)
@@ -175,12 +176,12 @@ def _numpy_evaluate(weights, x, y):
     return loss, hits, float(np.min(top2[:, 1] - top2[:, 0]))
 
 
+@_SINGLE_PROCESS
 def test_evaluate_counts_every_sample_once(topology):
     """``evaluate`` on 48 samples: the metric states count 48 samples, and
     the loss and accuracy are what NumPy computes from the same weights
     (not another Keras run: on the one-device topology that would be this
     run itself)."""
-    _single_process(topology)
     x, y = _data()
     # Fixed weights from a private generator (not an initializer's draw):
     # the same in every run, so the margin below is a property of this
@@ -225,11 +226,11 @@ def _replica_values(topology, variable):
     ]
 
 
+@_SINGLE_PROCESS
 def test_dropout_model_is_created_and_trains(topology):
     """A model with ``Dropout`` (it owns a ``SeedGenerator``) is created
     and trained under the strategy; every replica ends with the same
     weights and each replica's seed state has advanced."""
-    _single_process(topology)
     x, y = _data()
     with topology.scope():
         model = _model(dropout=True)

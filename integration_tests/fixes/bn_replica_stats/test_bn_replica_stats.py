@@ -37,7 +37,6 @@ from ...harness import devices
 from ...harness import workers
 
 pytestmark = pytest.mark.fix("bn-replica-stats")
-BACKEND = keras.backend.backend()
 PER_REPLICA = 4  # rows of each replica's share of a global batch
 STEPS = 2  # global batches per epoch
 EPOCHS = 2
@@ -128,16 +127,18 @@ def _replica_copies(topology, variable):
 STATS_RTOL = 1e-5
 
 
-def _multi_replica_strategy(topology):
-    if topology.strategy is None or topology.num_replicas == 1:
-        pytest.skip("tf.distribute multi-replica topology only")
+_MULTI_REPLICA_STRATEGY = pytest.mark.topology(
+    strategy=True,
+    multi_replica=True,
+    reason="tf.distribute multi-replica topology only",
+)
 
 
+@_MULTI_REPLICA_STRATEGY
 def test_moving_statistics_are_the_replica_mean(topology):
     """Every replica's copy, and ``get_weights()``, hold the mean of the
     replicas' moving statistics (stock: each replica its own; the weights
     read replica 0's)."""
-    _multi_replica_strategy(topology)
     model = _fit(topology)
     bn = model.layers[0]
     expected_mean, expected_variance = _expected_statistics(
@@ -156,6 +157,7 @@ def test_moving_statistics_are_the_replica_mean(topology):
     )
 
 
+@_MULTI_REPLICA_STRATEGY
 def test_saved_model_reproduces_inference_under_strategy(topology, tmp_path):
     """``predict()`` and ``evaluate()`` under the strategy equal those of a
     one-device model loaded from the ``.keras`` file saved after ``fit``
@@ -165,7 +167,6 @@ def test_saved_model_reproduces_inference_under_strategy(topology, tmp_path):
     every device (1e-6 relative for kernel differences between devices);
     the ``evaluate`` loss is a mean over replicas, reassociated (1e-5
     relative). Stock differs by O(1) in the outputs (over 10 here)."""
-    _multi_replica_strategy(topology)
     model = _fit(topology)
     path = os.path.join(tmp_path, "model.keras")
     model.save(path)
@@ -190,12 +191,12 @@ def test_saved_model_reproduces_inference_under_strategy(topology, tmp_path):
         )
 
 
+@_MULTI_REPLICA_STRATEGY
 def test_validation_in_fit_uses_the_saved_statistics(topology):
     """``fit(validation_data=...)`` evaluates with the mean statistics:
     its ``val_loss`` equals a one-device model's loss with the weights
     ``fit`` ends with (one epoch, so those are the validation weights).
     Tolerance: a mean over replicas, reassociated (1e-5 relative)."""
-    _multi_replica_strategy(topology)
     replicas = topology.num_replicas
     x, y = _data(replicas)
     x_val, y_val = _test_data()
@@ -257,7 +258,8 @@ def _multiworker_fit(rank, world_size):
     }
 
 
-def test_multiworker_statistics_are_consistent(topology):
+@pytest.mark.topology("multiworker-2")
+def test_multiworker_statistics_are_consistent():
     """Two workers (one replica each): every worker ends with the same
     moving mean, the mean of the replicas' (the moving average of the
     global batches' means, which does not depend on how a global batch is
@@ -270,8 +272,6 @@ def test_multiworker_statistics_are_consistent(topology):
     there for that reason; with that fix alone the workers' copies differ
     (each keeps the statistics of its own shares). Tolerances as in the
     single-process tests (float32 moments, a mean over replicas)."""
-    if topology.name != "multiworker-2":
-        pytest.skip("multiworker-2 only")
     runs = workers.run_workers(
         f"{__name__}:_multiworker_fit", world_size=2, timeout=300
     )
@@ -290,6 +290,7 @@ def test_multiworker_statistics_are_consistent(topology):
 
 
 @pytest.mark.fix("bn-replica-stats", role="guard")
+@_MULTI_REPLICA_STRATEGY
 def test_synchronized_statistics_match_one_device(topology):
     """``synchronized=True``: every replica holds the moving statistics of
     the global batch, as one device trained on the same batches (stock is
@@ -297,7 +298,6 @@ def test_synchronized_statistics_match_one_device(topology):
 
     Tolerance: the global moments are all-reduced sums over replicas
     (reassociated float32; observed <= 2e-6 relative), 1e-5 relative."""
-    _multi_replica_strategy(topology)
     model = _fit(topology, synchronized=True)
     one_device = _fit(
         _one_device(topology), topology.num_replicas, synchronized=True
@@ -310,16 +310,18 @@ def test_synchronized_statistics_match_one_device(topology):
 
 
 @pytest.mark.fix("bn-replica-stats", role="guard")
+@pytest.mark.topology(
+    backend="jax", multi_replica=True, reason="JAX DataParallel topology only"
+)
+@pytest.mark.topology(
+    multi_process=False, reason="multi-process topologies run the worker test"
+)
 def test_data_parallel_statistics_match_one_device(topology):
     """JAX ``DataParallel``: the layer computes the statistics of the global
     batch (a global array), as one device does (guard).
 
     Tolerance: the global moments are reduced across 8 device shards
     (reassociated float32), 1e-5 relative."""
-    if BACKEND != "jax" or topology.num_replicas == 1:
-        pytest.skip("JAX DataParallel topology only")
-    if topology.multi_process:
-        pytest.skip(f"{topology.name} runs the worker test")
     model = _fit(topology)
     one_device = _fit(_one_device(topology), topology.num_replicas)
     for name in ("moving_mean", "moving_variance"):
@@ -366,12 +368,11 @@ def _jax_process_statistics(rank, world_size):
 
 
 @pytest.mark.fix("bn-replica-stats", role="guard")
-def test_jax_processes_statistics_match_one_device(topology):
+@pytest.mark.topology("procs-2")
+def test_jax_processes_statistics_match_one_device():
     """jax/procs-2: the layer computes the statistics of the global batch
     (one global array over both processes), as one device does, and both
     processes hold them (guard). Tolerance as for jax/8."""
-    if topology.name != "procs-2":
-        pytest.skip("jax/procs-2 only")
     runs = workers.run_workers(
         f"{__name__}:_jax_process_statistics", world_size=2, timeout=300
     )
@@ -382,13 +383,12 @@ def test_jax_processes_statistics_match_one_device(topology):
 
 
 @pytest.mark.fix("bn-replica-stats", role="guard")
+@pytest.mark.topology(multi_replica=False, reason="one-device topology only")
 def test_one_device_statistics_and_saved_model(topology, tmp_path):
     """One device: the moving statistics are the moving average of the
     batch moments and the saved model predicts as the trained one (stock
     numerics; the fork's one-device trajectory is bit-identical to stock,
     checked outside this suite). Tolerance as for the replica mean."""
-    if topology.num_replicas != 1 or topology.name == "multiworker-2":
-        pytest.skip("one-device topology only")
     model = _fit(topology)
     expected_mean, expected_variance = _expected_statistics(1)
     bn = model.layers[0]

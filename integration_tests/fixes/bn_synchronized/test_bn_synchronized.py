@@ -144,11 +144,10 @@ def _assert_workers_match_one_device(worker):
         )
 
 
+@pytest.mark.topology("8")
 def test_data_parallel_matches_one_device(topology):
     """jax/8: ``fit`` under DataParallel with ``synchronized=True`` ends
     where one device does (stock: ValueError, JAX is not TensorFlow)."""
-    if topology.name != "8":
-        pytest.skip("jax/8 only")
     _assert_weights_match(
         _fit(topology.scope(), synchronized=True),
         _fit(contextlib.nullcontext(), synchronized=False),
@@ -168,11 +167,10 @@ def _jax_process_fits(rank, world_size):
     ]
 
 
-def test_jax_processes_match_one_device(topology):
+@pytest.mark.topology("procs-2")
+def test_jax_processes_match_one_device():
     """jax/procs-2: two processes, each feeding half of every global
     batch, end where one device does."""
-    if topology.name != "procs-2":
-        pytest.skip("jax/procs-2 only")
     _assert_workers_match_one_device("_jax_process_fits")
 
 
@@ -206,11 +204,10 @@ def _ddp_fits(rank, world_size):
         ]
 
 
-def test_ddp_matches_one_device(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_matches_one_device():
     """torch/ddp-2: with ``synchronized=True`` both processes hold the
     model one device trains on the whole global batches: weights through
     the all-reduced statistics' gradient, and the moving statistics of the
     global batches (stock: ValueError, PyTorch is not TensorFlow)."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch/ddp-2 only")
     _assert_workers_match_one_device("_ddp_fits")

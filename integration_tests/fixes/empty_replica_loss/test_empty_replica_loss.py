@@ -75,14 +75,15 @@ def _run(scope, init, x, y):
     }
 
 
+@pytest.mark.topology(
+    strategy=True,
+    reason="only tf.distribute splits a batch into empty replicas",
+)
+@pytest.mark.topology(multi_replica=True, reason="one replica is never empty")
 def test_eager_empty_replica_matches_one_device(topology):
     """33 samples, batches of 16: the last batch of 1 leaves 1 (mirrored-2)
     or 3 (mirrored-4) replicas empty; eager fit/evaluate report the losses
     and metrics of one device, with no NaN."""
-    if topology.backend != "tensorflow" or topology.strategy is None:
-        pytest.skip("only tf.distribute splits a batch into empty replicas")
-    if topology.num_replicas < 2:
-        pytest.skip("one replica is never empty")
     _compare(topology, num_samples=33)
 
 

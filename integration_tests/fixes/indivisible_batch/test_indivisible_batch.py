@@ -88,13 +88,16 @@ def _run(scope, init, x, y, sample_weight):
     [(33, False), (39, True)],
     ids=["33-last-1", "39-last-7-weighted"],
 )
+@pytest.mark.topology(
+    backend="jax",
+    multi_replica=True,
+    reason="only multi-device JAX shards a batch over devices",
+)
 def test_indivisible_last_batch_matches_one_device(
     topology, num_samples, weighted
 ):
     """An epoch's last batch that the devices cannot split (1 or 7 samples
     on 8 devices): fit, evaluate and predict equal one device."""
-    if topology.backend != "jax" or topology.num_replicas < 2:
-        pytest.skip("only multi-device JAX shards a batch over devices")
     x, y, sample_weight = _data(num_samples)
     if not weighted:
         sample_weight = None

@@ -28,8 +28,13 @@ import pytest
 from ...harness import devices
 from ...harness import workers
 
-pytestmark = pytest.mark.fix("multiworker-fit")
-BACKEND = keras.backend.backend()
+pytestmark = [
+    pytest.mark.fix("multiworker-fit"),
+    pytest.mark.topology(
+        backend="tensorflow",
+        reason="tf.distribute strategies are TensorFlow only",
+    ),
+]
 NUM_SAMPLES = 32
 GLOBAL_BATCH = 8  # divisible by every replica count (2, 4): equal shards
 EPOCHS = 2
@@ -269,21 +274,18 @@ def _assert_matches(got, want):
     np.testing.assert_allclose(got["predict"], want["predict"], **tol)
 
 
-def _require(topology, multiworker):
-    if BACKEND != "tensorflow":
-        pytest.skip("tf.distribute strategies are TensorFlow only")
-    if multiworker and topology.name != "multiworker-2":
-        pytest.skip("multiworker-2 topology only")
-    if not multiworker and not topology.name.startswith("mirrored-"):
-        pytest.skip("MirroredStrategy topologies only")
+_MULTIWORKER = pytest.mark.topology("multiworker-2")
+_MIRRORED = pytest.mark.topology(
+    strategy=True, reason="MirroredStrategy topologies only"
+)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_multiworker_fit_matches_one_device(topology, name):
+@_MULTIWORKER
+def test_multiworker_fit_matches_one_device(name):
     """2 workers fit/evaluate/predict like 1 device on the same global
     batches (arrays with and without shuffle, tf.data, synchronized
     BatchNormalization), and the workers hold bit-identical weights."""
-    _require(topology, multiworker=True)
     want = _train(None, name)
     results = _worker_results(name)
     for got in results:
@@ -294,14 +296,14 @@ def test_multiworker_fit_matches_one_device(topology, name):
     )
 
 
-def test_multiworker_shuffle_order_matters(topology):
+@_MULTIWORKER
+def test_multiworker_shuffle_order_matters():
     """Control for the tolerance: with the samples in another order, one
     device ends > 1e-3 away from the workers' seed-1 run, so matching within
     1e-5 means the workers trained on the same global batches (each sample
     once per epoch, in the 1-device order). The order changes by permuting
     the rows, not by another shuffle seed: master ignores the seed (its
     shuffle is seeded by the epoch alone, issue 24)."""
-    _require(topology, multiworker=True)
     rows = np.random.default_rng(2).permutation(NUM_SAMPLES)
     other = _train(None, "arrays_shuffled", rows=rows)
     got = _worker_results("arrays_shuffled")[0]
@@ -311,33 +313,33 @@ def test_multiworker_shuffle_order_matters(topology):
 
 
 @pytest.mark.fix("multiworker-fit", role="guard")
-def test_multiworker_predict_uneven_last_batch(topology):
+@_MULTIWORKER
+def test_multiworker_predict_uneven_last_batch():
     """Guard (stock predict already gathers across workers): predict on 37
     samples (last global batch 5 = 3 + 2) returns all outputs, in order.
     Tolerance: same per-row math, possibly other matmul blocking for
     another batch size (float32 reassociation, ulps)."""
-    _require(topology, multiworker=True)
     want = _predict_uneven(None)
     for got in _worker_results("predict_uneven"):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_multiworker_uneven_first_batch(topology):
+@_MULTIWORKER
+def test_multiworker_uneven_first_batch():
     """2 workers fit an unbuilt model on a first global batch of 3 samples
     (2 + 1): the step reports one device's loss. Stock fails before it
     ("Attempt to convert a value (PerReplica...)", as every multiworker
     fit)."""
-    _require(topology, multiworker=True)
     want = _uneven_first_batch(None)
     for got in _worker_results("uneven_first_batch"):
         _assert_uneven_first_batch_matches(got, want)
 
 
-def test_multiworker_dropout(topology):
+@_MULTIWORKER
+def test_multiworker_dropout():
     """Dropout trains under 2 workers: finite losses and bit-identical
     weights on both workers. (Dropout masks are drawn per replica, so the
     trajectory is not the 1-device one; no comparison to it.)"""
-    _require(topology, multiworker=True)
     first, second = _worker_results("dropout")
     assert np.all(np.isfinite(first["loss"]))
     np.testing.assert_array_equal(
@@ -348,21 +350,21 @@ def test_multiworker_dropout(topology):
 
 @pytest.mark.fix("multiworker-fit", role="guard")
 @pytest.mark.parametrize("name", ["arrays_shuffled", "batchnorm"])
+@_MIRRORED
 def test_mirrored_fit_matches_one_device(topology, name):
     """Guard: MirroredStrategy already trains like one device on even
     batches; the fix must keep it so (same tolerance reasoning). Two cases
     keep the cell fast; the others take the same code path."""
-    _require(topology, multiworker=False)
     want = _train(None, name)
     _assert_matches(_train(topology.strategy, name), want)
 
 
+@_MIRRORED
 def test_mirrored_uneven_first_batch(topology):
     """A first global batch of 3 samples split 2 + 1 (+ 0 + 0) over the
     replicas: the step reports one device's loss. Stock fails building the
     model ("Inputs to operation AddN ... must have the same size and
     shape")."""
-    _require(topology, multiworker=False)
     _assert_uneven_first_batch_matches(
         _uneven_first_batch(topology.strategy), _uneven_first_batch(None)
     )

@@ -26,6 +26,7 @@ import pytest
 
 from ...harness import data
 from ...harness import devices
+from ...harness import markers
 from ...harness import workers
 
 pytestmark = pytest.mark.fix("per-batch-logs")
@@ -149,22 +150,29 @@ def _assert_same_logs(result, expected, where=""):
                 )
 
 
+# torch has no multi-device Model.fit: its multi-replica topologies are all
+# multi-process.
+_SINGLE_PROCESS = pytest.mark.topology(
+    multi_process=False, reason="multi-process topologies run the worker test"
+)
+
+
 def _skip_unsupported(topology, num_samples):
-    if topology.multi_process:
-        pytest.skip(f"{topology.name} runs the worker test")
-    if topology.backend == "torch" and topology.num_replicas > 1:
-        pytest.skip("torch has no multi-device Model.fit")
+    """Skips the one-device reference, and a last batch that jax cannot
+    split over the devices it has (on GPUs 8, 4 or 2: known at run time)."""
     devices.skip_comparison_on_one_device(topology)
     if num_samples % GLOBAL_BATCH % topology.num_replicas and (
         topology.backend == "jax"
     ):
         pytest.skip(
-            "jax DataParallel cannot shard a last batch that does not split "
-            "over the devices (a known open defect, not this fix's)"
+            f"{markers.NOT_APPLICABLE}: jax DataParallel cannot shard a last "
+            "batch that does not split over the devices (a known open "
+            "defect, not this fix's)"
         )
 
 
 @pytest.mark.parametrize("num_samples", [EVEN, UNEVEN])
+@_SINGLE_PROCESS
 def test_batch_logs_match_one_device(topology, num_samples):
     """Per-batch logs of fit and evaluate under the topology equal one
     device's on the same global batches."""
@@ -174,6 +182,7 @@ def test_batch_logs_match_one_device(topology, num_samples):
 
 
 @pytest.mark.fix("per-batch-logs", role="guard")
+@_SINGLE_PROCESS
 def test_epoch_logs_match_one_device(topology):
     """Epoch logs were right on stock: read from the summed metric state."""
     _skip_unsupported(topology, UNEVEN)
@@ -195,14 +204,13 @@ def _multiworker_logs(rank, world_size):
     ]
 
 
-def test_multiworker_batch_logs_match_one_device(topology):
+@pytest.mark.topology("multiworker-2")
+def test_multiworker_batch_logs_match_one_device():
     """Two workers (one replica each; 37 samples: the last global batch of
     5 splits 3/2) against one device in each worker.
 
     On stock 3.15.1, ``fit`` under MultiWorkerMirroredStrategy fails before
     the first step for another reason too (fix multiworker-fit)."""
-    if topology.name != "multiworker-2":
-        pytest.skip("multiworker-2 only")
     runs = workers.run_workers(
         f"{__name__}:_multiworker_logs", world_size=2, timeout=300
     )
@@ -222,11 +230,10 @@ def _jax_process_logs(rank, world_size):
 
 
 @pytest.mark.fix("per-batch-logs", role="guard")
-def test_jax_processes_batch_logs_match_one_device(topology):
+@pytest.mark.topology("procs-2")
+def test_jax_processes_batch_logs_match_one_device():
     """jax/procs-2: JAX computes the metrics on the global arrays, so the
     batch logs were already those of one device (guard)."""
-    if topology.name != "procs-2":
-        pytest.skip("jax/procs-2 only")
     runs = workers.run_workers(
         f"{__name__}:_jax_process_logs", world_size=2, timeout=300
     )

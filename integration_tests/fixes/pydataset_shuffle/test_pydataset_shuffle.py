@@ -91,20 +91,21 @@ def _orders(topology, initial_epoch=0, rng_states=None):
     return dict(zip(marks.epochs, dataset.requests[1:]))
 
 
-def _single_process(topology):
-    if topology.name == "multiworker-2":
-        pytest.skip("single-process test (the test process is 1 device)")
-    if topology.backend == "torch" and topology.num_replicas > 1:
-        pytest.skip("torch has no multi-device Model.fit")
+# torch's multi-replica topologies (ddp-2, dp-2): torch has no multi-device
+# Model.fit in one process.
+_SINGLE_PROCESS = pytest.mark.topology(
+    exclude=("multiworker-2", "ddp-2", "dp-2"),
+    reason="single-process test (the test process is 1 device)",
+)
 
 
 # Master (3.16) orders batches with `random.Random(epoch)`: global state is
 # untouched on stock there; what it lacks is the seed and the absolute epoch.
 @pytest.mark.fix("pydataset-shuffle", guard_since="3.16.0.dev0")
+@_SINGLE_PROCESS
 def test_fit_reads_and_advances_no_global_rng(topology):
     """The user's Python RNG state is the same before and after ``fit``
     (stock: ``random.shuffle`` advances it every epoch)."""
-    _single_process(topology)
     keras.utils.set_random_seed(1)
     states = []
     orders = _orders(topology, rng_states=states)
@@ -115,6 +116,7 @@ def test_fit_reads_and_advances_no_global_rng(topology):
     assert orders[0] != orders[1] != orders[2]
 
 
+@_SINGLE_PROCESS
 def test_one_seed_gives_one_order_whatever_else_draws(topology):
     """After ``set_random_seed``, unrelated draws from Python's ``random``
     (user code, augmentation...) do not change the batch order, and
@@ -122,7 +124,6 @@ def test_one_seed_gives_one_order_whatever_else_draws(topology):
     Exact comparison: the orders are indices; two independent orders of
     the 3 epochs' batches coincide with probability (1 / NUM_BATCHES!)**3.
     """
-    _single_process(topology)
     keras.utils.set_random_seed(2)
     expected = _orders(topology)
     keras.utils.set_random_seed(2)
@@ -133,10 +134,10 @@ def test_one_seed_gives_one_order_whatever_else_draws(topology):
     assert _orders(topology) != expected, "the seed does not decide the order"
 
 
+@_SINGLE_PROCESS
 def test_resumed_fit_replays_the_epoch_order(topology):
     """``fit(initial_epoch=2)`` (e.g. after ``BackupAndRestore``) sees the
     order epoch 2 had in the uninterrupted run."""
-    _single_process(topology)
     keras.utils.set_random_seed(3)
     expected = _orders(topology)
     keras.utils.set_random_seed(3)
@@ -169,6 +170,7 @@ def _dp_worker(rank, world_size):
     return runs
 
 
+@pytest.mark.topology("dp-2")
 def test_processes_share_one_order_by_seed_and_absolute_epoch(topology):
     """torch/dp-2 (master: ``Model.fit`` on torch under
     ``keras.distribution.DataParallel``, keras-team/keras#23316): each
@@ -180,8 +182,6 @@ def test_processes_share_one_order_by_seed_and_absolute_epoch(topology):
     one order and a resumed ``fit`` restarts at epoch 0's. Exact
     comparisons: the orders are indices; the two processes' shards of two
     independent orders coincide with probability 1 / NUM_BATCHES!."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     per_process = workers.run_workers(
         f"{__name__}:_dp_worker", topology.num_replicas, timeout=240
     )

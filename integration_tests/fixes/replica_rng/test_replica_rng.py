@@ -35,9 +35,10 @@ UNITS = 1024
 RATE = 0.5
 
 
-def _single_process(topology):
-    if topology.multi_process:
-        pytest.skip("single-process test; this topology runs its worker test")
+_SINGLE_PROCESS = pytest.mark.topology(
+    multi_process=False,
+    reason="single-process test; this topology runs its worker test",
+)
 
 
 class Scale(keras.layers.Layer):
@@ -101,6 +102,8 @@ def _keep_counts(topology, batch, seed=1337):
 
 
 @pytest.mark.fix("replica-rng", guard_on=("jax",))
+@_SINGLE_PROCESS
+@pytest.mark.topology(multi_replica=True)
 def test_fit_dropout_masks_differ_per_replica(topology):
     """One ``fit`` step with one row per replica: each unit is kept by
     ``k_j`` of the ``R`` replicas. Identical masks give ``k_j`` in {0, R}
@@ -112,10 +115,7 @@ def test_fit_dropout_masks_differ_per_replica(topology):
     expectation minus 0.1 (> 6 sigma). The keep rate is 0.5 with standard
     deviation sqrt(0.25 / (1024 R)) <= 0.011; the test allows 0.05.
     """
-    _single_process(topology)
     replicas = topology.num_replicas
-    if replicas == 1:
-        pytest.skip("needs more than one replica")
     k = _keep_counts(topology, batch=replicas)
     mixed = np.mean((k > 0) & (k < replicas))
     expected = 1 - 2.0 ** (1 - replicas)
@@ -126,6 +126,11 @@ def test_fit_dropout_masks_differ_per_replica(topology):
     assert abs(np.mean(k) / replicas - (1 - RATE)) < 0.05
 
 
+@pytest.mark.topology(
+    strategy=True,
+    multi_replica=True,
+    reason="tf.distribute multi-replica topology only",
+)
 def test_random_ops_differ_per_replica_in_strategy_run(topology):
     """``strategy.run`` of a ``Dropout`` layer and ``keras.random.normal``
     with a ``SeedGenerator``, two steps: every pair of (replica, step)
@@ -137,8 +142,6 @@ def test_random_ops_differ_per_replica_in_strategy_run(topology):
     masks disagree on 0.5 +- 0.008 of them (identical: 0), the test asks
     for > 0.4. The keep rate is 0.5 +- 0.008, allowed 0.05.
     """
-    if topology.strategy is None or topology.num_replicas == 1:
-        pytest.skip("tf.distribute multi-replica topology only")
     import tensorflow as tf
 
     strategy = topology.strategy
@@ -183,14 +186,13 @@ def test_random_ops_differ_per_replica_in_strategy_run(topology):
 
 
 @pytest.mark.fix("replica-rng", role="guard")
+@_SINGLE_PROCESS
+@pytest.mark.topology(multi_replica=False)
 def test_one_replica_fit_mask_is_the_seed_generator_draw(topology):
     """With one replica, the mask ``fit`` applies is exactly the first draw
     of a ``SeedGenerator`` with the layer's seed outside any strategy
     (stock numerics, bit for bit). On TensorFlow also under a one-device
     ``MirroredStrategy``."""
-    _single_process(topology)
-    if topology.num_replicas != 1:
-        pytest.skip("one-replica topology only")
     expected = keras.ops.convert_to_numpy(
         keras.random.dropout(
             keras.ops.ones((1, UNITS)),
@@ -217,11 +219,11 @@ def test_one_replica_fit_mask_is_the_seed_generator_draw(topology):
 
 
 @pytest.mark.fix("replica-rng", role="guard")
+@_SINGLE_PROCESS
 def test_fit_masks_are_reproducible_under_set_random_seed(topology):
     """An unseeded ``Dropout`` (its generator seeded from the global seed):
     the same ``set_random_seed`` gives the same masks in ``fit`` (per-unit
     keep counts, exact integers), another seed other masks (control)."""
-    _single_process(topology)
     batch = max(topology.num_replicas, 2)
 
     def run(seed):
@@ -268,14 +270,13 @@ def multiworker_worker(rank, world_size):
     }
 
 
-def test_multiworker_workers_draw_different_numbers(topology):
+@pytest.mark.topology("multiworker-2")
+def test_multiworker_workers_draw_different_numbers():
     """2 workers of ``MultiWorkerMirroredStrategy``: the global replica ids
     are 0 and 1 and their draws differ (stock: identical).
 
     Tolerance: 4096-unit masks, as in the ``strategy.run`` test (disagree
     on 0.5 +- 0.008 when independent; > 0.4 asked; keep rate +- 0.05)."""
-    if topology.name != "multiworker-2":
-        pytest.skip("MultiWorkerMirroredStrategy topology only")
     results = workers.run_workers(
         f"{__name__}:multiworker_worker", world_size=2, timeout=180
     )
@@ -304,13 +305,12 @@ def ddp_worker(rank, world_size):
 
 
 @pytest.mark.fix("replica-rng", role="guard")
-def test_ddp_ranks_are_seeded_by_the_user(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_ranks_are_seeded_by_the_user():
     """torch DDP: Keras has no replica context and does not fold the rank.
     The same ``set_random_seed`` on every rank gives every rank the same
     mask; seeding ``seed + rank`` (the torch convention) gives independent
     masks (4096 draws: disagree on 0.5 +- 0.008, > 0.4 asked)."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch DDP topology only")
     results = workers.run_workers(
         f"{__name__}:ddp_worker", world_size=2, timeout=180
     )

@@ -80,11 +80,12 @@ def _fit(model, x, y):
     return np.array(history.history["loss"])
 
 
-def _skip_multi_process(topology):
-    if topology.name == "procs-2":
-        pytest.skip("procs-2 runs the worker test")
+_NOT_PROCS = pytest.mark.topology(
+    exclude="procs-2", reason="procs-2 runs the worker test"
+)
 
 
+@_NOT_PROCS
 def test_one_seed_gives_the_same_order_to_consecutive_models(topology):
     """keras#20577: Sequential, then an identically initialized subclassed
     model, after ONE ``set_random_seed``: the same global batches in the same
@@ -97,7 +98,6 @@ def test_one_seed_gives_the_same_order_to_consecutive_models(topology):
     measures that (a model trained on another order must differ by > 1e-3),
     so the assertion cannot pass by the trajectory being order-insensitive.
     """
-    _skip_multi_process(topology)
     x, y = _data()
     keras.utils.set_random_seed(1)
     with topology.scope():
@@ -132,10 +132,10 @@ def test_one_seed_gives_the_same_order_to_consecutive_models(topology):
     "seeded-shuffle", guard_since={"jax": _MASTER, "tensorflow": _MASTER}
 )
 @pytest.mark.parametrize("shuffle", [True, "batch"])
+@_NOT_PROCS
 def test_fit_leaves_global_rng_state_untouched(topology, shuffle):
     """Shuffling draws from a private generator: NumPy's, Python's and
     torch's global RNG states are exactly as before ``fit``."""
-    _skip_multi_process(topology)
     x, y = _data()
     keras.utils.set_random_seed(7)
     with topology.scope():
@@ -208,6 +208,7 @@ def _process_orders(rank, world_size):
 
 @_MASTER_GUARD
 @pytest.mark.parametrize("seed", [None, 7], ids=["agreed-seed", "seed-7"])
+@pytest.mark.topology("procs-2")
 def test_processes_shuffle_alike_despite_one_process_global_rng_use(
     topology, seed
 ):
@@ -220,8 +221,6 @@ def test_processes_shuffle_alike_despite_one_process_global_rng_use(
     gives it another order. With an explicit seed (``seed-7``) too: it
     seeds the global NumPy RNG alike on stock, and one process's draw still
     sets that process apart. Exact comparison: the orders are indices."""
-    if topology.name != "procs-2":
-        pytest.skip("jax/procs-2 only")
     per_process = workers.run_workers(
         f"{__name__}:_process_orders",
         topology.num_replicas,

@@ -27,7 +27,13 @@ import pytest
 from ...harness import devices
 from ...harness import workers
 
-pytestmark = pytest.mark.fix("shuffle-epochs", guard_on=("tensorflow",))
+pytestmark = [
+    pytest.mark.fix("shuffle-epochs", guard_on=("tensorflow",)),
+    pytest.mark.topology(
+        multi_process=False,
+        reason="drills restart one process; not a multi-process test",
+    ),
+]
 
 NUM_SAMPLES = 64
 GLOBAL_BATCH = 16  # divisible by every replica count (1, 2, 8)
@@ -134,13 +140,7 @@ def _assert_same_run(resumed, full, topology):
         np.testing.assert_allclose(resumed, full, rtol=1e-5, atol=1e-6)
 
 
-def _skip_multiprocess(topology):
-    if topology.multi_process:
-        pytest.skip("drills restart one process; not a multi-process test")
-
-
 def test_two_stages_in_separate_processes_equal_one_run(topology, tmp_path):
-    _skip_multiprocess(topology)
     env = {"DRILL_DIR": str(tmp_path)}
     target = f"{__name__}:worker"
     workers.run_workers(target, 1, TIMEOUT, dict(env, DRILL_PHASE="stage-1"))
@@ -154,7 +154,6 @@ def test_two_stages_in_separate_processes_equal_one_run(topology, tmp_path):
 def test_killed_mid_epoch_and_restarted_with_backup_equals_one_run(
     topology, tmp_path
 ):
-    _skip_multiprocess(topology)
     env = {"DRILL_DIR": str(tmp_path)}
     target = f"{__name__}:worker"
     status = workers.kill_at_signal(

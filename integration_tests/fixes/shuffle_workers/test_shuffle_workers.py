@@ -23,7 +23,10 @@ import pytest
 from ...harness import devices
 from ...harness import workers
 
-pytestmark = pytest.mark.fix("shuffle-workers")
+pytestmark = [
+    pytest.mark.fix("shuffle-workers"),
+    pytest.mark.topology("multiworker-2"),
+]
 
 NUM_SAMPLES = 64
 GLOBAL_BATCH = 8
@@ -79,8 +82,6 @@ def _check(per_worker, epochs_differ=True):
 
 
 def _run(topology, env):
-    if topology.name != "multiworker-2":
-        pytest.skip("MultiWorkerMirroredStrategy topology only")
     return workers.run_workers(
         f"{__name__}:worker", topology.num_replicas, TIMEOUT, env
     )

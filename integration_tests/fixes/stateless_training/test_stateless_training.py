@@ -85,9 +85,9 @@ def _grad_steps(model, x, y, steps, **call_kwargs):
     return [w for w in caught if _is_training_warning(w)]
 
 
-def _single_process(topology):
-    if topology.name == "ddp-2":
-        pytest.skip("single-process test; ddp-2 runs the worker variant")
+_SINGLE_PROCESS = pytest.mark.topology(
+    exclude="ddp-2", reason="single-process test; ddp-2 runs the worker variant"
+)
 
 
 def _per_replica(topology, fn):
@@ -101,9 +101,9 @@ def _per_replica(topology, fn):
     return results[0]
 
 
+@_SINGLE_PROCESS
 def test_gradient_step_without_training_warns_once(topology):
     """Two gradient steps without ``training``: exactly one warning."""
-    _single_process(topology)
     x, y = _data()
     with topology.scope():
         model = _model()
@@ -115,8 +115,8 @@ def test_gradient_step_without_training_warns_once(topology):
 
 @pytest.mark.fix("stateless-training", role="guard")
 @pytest.mark.parametrize("training", [True, False])
+@_SINGLE_PROCESS
 def test_explicit_training_is_silent(topology, training):
-    _single_process(topology)
     x, y = _data()
     with topology.scope():
         model = _model()
@@ -137,11 +137,11 @@ def _no_autograd():
     return contextlib.nullcontext()
 
 
+@_SINGLE_PROCESS
 def test_inference_without_training_warns_once(topology):
     """Two inference calls (outside gradient tracing) without ``training``:
     exactly one warning, which names ``training=False`` as the way to say
     it is inference (``test_explicit_training_is_silent`` checks that)."""
-    _single_process(topology)
     x, _ = _data()
 
     def infer():
@@ -186,9 +186,8 @@ def ddp_worker(rank, world_size):
         return [str(w.message) for w in caught if _is_training_warning(w)]
 
 
+@pytest.mark.topology("ddp-2")
 def test_ddp_gradient_step_without_training_warns_once_per_rank(topology):
-    if topology.name != "ddp-2":
-        pytest.skip("torch DDP topology only")
     found = workers.run_workers(
         f"{__name__}:ddp_worker", world_size=topology.num_replicas
     )
@@ -196,6 +195,9 @@ def test_ddp_gradient_step_without_training_warns_once_per_rank(topology):
 
 
 @pytest.mark.fix("stateless-training", role="guard")
+@pytest.mark.topology(
+    backend="jax", multi_replica=True, reason="JAX multi-device topology only"
+)
 def test_data_parallel_loop_matches_one_device(topology):
     """JAX custom data-parallel loop (batch sharded over 8 devices, state
     replicated) with ``training=True`` and threaded state: BatchNorm moving
@@ -206,8 +208,6 @@ def test_data_parallel_loop_matches_one_device(topology):
     that moves results by a few ulps (rtol 1e-5, atol 1e-6). Dropout is off
     in this model (rate 0) so both runs see identical math.
     """
-    if BACKEND != "jax" or topology.num_replicas == 1:
-        pytest.skip("JAX multi-device topology only")
     import jax
     from jax.sharding import Mesh
     from jax.sharding import NamedSharding
@@ -258,12 +258,12 @@ def test_data_parallel_loop_matches_one_device(topology):
 
 
 @pytest.mark.fix("stateless-training", role="guard")
+@_SINGLE_PROCESS
 def test_threaded_seed_state_gives_new_dropout_masks(topology):
     """Documents the threading contract: with the returned state threaded,
     dropout masks differ between steps; re-using the initial state repeats
     the same mask. (The Dropout is seeded: on torch an unseeded Dropout
     draws from the global torch RNG and ignores the seed state.)"""
-    _single_process(topology)
     x = np.ones((GLOBAL_BATCH, 64), "float32")
 
     def three_calls():

@@ -131,11 +131,12 @@ def _assert_same(result, expected, where=""):
 
 
 @pytest.mark.parametrize("steps_per_execution", [2, 3])
+@pytest.mark.topology(
+    multi_process=False, reason="multi-process topologies run the worker test"
+)
 def test_steps_per_execution_matches_one_device(topology, steps_per_execution):
     """Several steps per execution under the topology equal one device with
     one step per execution."""
-    if topology.multi_process:
-        pytest.skip(f"{topology.name} runs the worker test")
     expected = _run(contextlib.nullcontext(), 1)
     _assert_same(_run(topology.scope(), steps_per_execution), expected)
 
@@ -172,13 +173,12 @@ def _multiworker_runs(rank, world_size):
     return [_run(strategy.scope(), 2), _run(contextlib.nullcontext(), 1)]
 
 
-def test_multiworker_steps_per_execution_matches_one_device(topology):
+@pytest.mark.topology("multiworker-2")
+def test_multiworker_steps_per_execution_matches_one_device():
     """Two workers (one replica each) against one device in each worker.
 
     On stock 3.15.1, ``fit`` under MultiWorkerMirroredStrategy fails before
     the first step for another reason too (fix multiworker-fit)."""
-    if topology.name != "multiworker-2":
-        pytest.skip("multiworker-2 only")
     runs = workers.run_workers(
         f"{__name__}:_multiworker_runs", world_size=2, timeout=300
     )
@@ -197,12 +197,11 @@ def _jax_process_runs(rank, world_size):
 
 
 @pytest.mark.fix("steps-per-execution", role="guard")
-def test_jax_processes_steps_per_execution_match_one_device(topology):
+@pytest.mark.topology("procs-2")
+def test_jax_processes_steps_per_execution_match_one_device():
     """jax/procs-2: JAX runs the steps of one call on global arrays, so
     several steps per execution already followed one device (guard of the
     N processes = 1 device invariant)."""
-    if topology.name != "procs-2":
-        pytest.skip("jax/procs-2 only")
     _assert_process_runs("_jax_process_runs")
 
 
@@ -218,14 +217,13 @@ def _torch_process_runs(rank, world_size):
 
 
 @pytest.mark.fix("steps-per-execution", role="guard")
-def test_torch_processes_steps_per_execution_match_one_device(topology):
+@pytest.mark.topology("dp-2")
+def test_torch_processes_steps_per_execution_match_one_device():
     """torch/dp-2 (master: ``Model.fit`` on torch under
     ``keras.distribution.DataParallel``, keras-team/keras#23316): several
     steps per execution follow one device there already (stock nightly:
     within 1.2e-7), weights, epoch losses and metrics, and ``evaluate``
     (guard of the N processes = 1 device invariant)."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     _assert_process_runs("_torch_process_runs")
 
 
@@ -273,6 +271,15 @@ def _assert_refused_before_any_step(result, where=""):
     assert not result["weights_moved"], f"{where} {result}"
 
 
+@pytest.mark.topology(
+    backend="tensorflow",
+    reason="unrolled_steps_per_execution is the TensorFlow trainer's",
+)
+@pytest.mark.topology(
+    strategy=True,
+    multi_replica=True,
+    reason="needs a tf.distribute strategy of several replicas",
+)
 def test_unrolled_steps_with_several_replicas_are_refused(topology):
     """``unrolled_steps_per_execution=2`` with several replicas in one
     process: ``fit`` raises a ``ValueError`` before any step (no optimizer
@@ -282,10 +289,6 @@ def test_unrolled_steps_with_several_replicas_are_refused(topology):
     must feed a value for placeholder tensor`` (``while/cond/Placeholder``,
     keras-team/keras#19246's error), after the optimizer has counted a
     step."""
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("unrolled_steps_per_execution is the TensorFlow trainer's")
-    if topology.strategy is None or topology.num_replicas == 1:
-        pytest.skip("needs a tf.distribute strategy of several replicas")
     result = _unrolled_fit(topology.strategy)
     _assert_refused_before_any_step(result)
     assert "unrolled_steps_per_execution" in result["refused"], result
@@ -296,7 +299,8 @@ def _multiworker_unrolled(rank, world_size):
 
 
 @pytest.mark.fix("steps-per-execution", role="guard")
-def test_multiworker_unrolled_steps_are_refused(topology):
+@pytest.mark.topology("multiworker-2")
+def test_multiworker_unrolled_steps_are_refused():
     """multiworker-2: each worker's ``fit`` with unrolled steps raises a
     ``ValueError`` before any step, and both workers finish (no collective
     left waiting). A guard: stock refuses it before any step too, for
@@ -304,8 +308,6 @@ def test_multiworker_unrolled_steps_are_refused(topology):
     building its step, "Attempt to convert a value (PerReplica...)": the
     multiworker-fit fix), so the fork's message is not checked here (the
     in-process test and the unit test check it)."""
-    if topology.name != "multiworker-2":
-        pytest.skip("multiworker-2 only")
     runs = workers.run_workers(
         f"{__name__}:_multiworker_unrolled", world_size=2, timeout=120
     )
@@ -314,11 +316,12 @@ def test_multiworker_unrolled_steps_are_refused(topology):
 
 
 @pytest.mark.fix("steps-per-execution", role="guard")
-def test_unrolled_steps_on_one_device_match_one_step(topology):
+@pytest.mark.topology(
+    backend="tensorflow", multi_replica=False, reason="tensorflow/1 only"
+)
+def test_unrolled_steps_on_one_device_match_one_step():
     """One TensorFlow device: 4 steps per execution, 2 of them unrolled,
     equal one step per execution (the fork runs the first unrolled step of
     each loop iteration without its ``tf.cond``; stock trains the same)."""
-    if keras.backend.backend() != "tensorflow" or not topology.one_device:
-        pytest.skip("tensorflow/1 only")
     expected = _run(contextlib.nullcontext(), 1)
     _assert_same(_run(contextlib.nullcontext(), 4, unrolled=2), expected)

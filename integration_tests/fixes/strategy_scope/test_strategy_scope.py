@@ -47,10 +47,15 @@ import keras
 import numpy as np
 import pytest
 
+from ...harness import markers
 from ...harness import topologies
 
-pytestmark = pytest.mark.fix("strategy-scope")
-BACKEND = keras.backend.backend()
+pytestmark = [
+    pytest.mark.fix("strategy-scope"),
+    pytest.mark.topology(
+        backend="tensorflow", reason="tf.distribute scopes are TensorFlow only"
+    ),
+]
 FEATURES = 4
 GLOBAL_BATCH = 16  # divisible by 1, 2 and 4 replicas
 SAMPLES = 64
@@ -153,11 +158,7 @@ def _assert_same(run, expected):
         np.testing.assert_allclose(value, expected_value, **SAME_RUN_TOL)
 
 
-def _needs_strategy(topology):
-    if BACKEND != "tensorflow":
-        pytest.skip("tf.distribute scopes are TensorFlow only")
-    if topology.strategy is None:
-        pytest.skip("needs a tf.distribute strategy (mirrored-N)")
+NEEDS_STRATEGY = pytest.mark.topology(strategy=True)
 
 
 def _assert_untrained(model):
@@ -178,8 +179,6 @@ def test_all_inside_and_compile_fit_outside_follow_numpy(topology):
     """Model and optimizer created in the scope: compile/fit/evaluate/predict
     inside (the Keras guide) or outside (the TF guide) the scope both follow
     the NumPy trajectory and match each other (stock does this too)."""
-    if BACKEND != "tensorflow":
-        pytest.skip("tf.distribute scopes are TensorFlow only")
     expected = _all_inside(topology)
     _assert_right(expected)
     with topology.scope():
@@ -189,12 +188,12 @@ def test_all_inside_and_compile_fit_outside_follow_numpy(topology):
     _assert_same(_train(model), expected)
 
 
+@NEEDS_STRATEGY
 def test_optimizer_created_outside_scope(topology):
     """An optimizer constructed outside of the scope (not built yet) is
     moved to the model's strategy at ``compile()``, compiled inside or
     outside the scope: same trajectory as all-inside. Stock: ``RuntimeError:
     Mixing different tf.distribute.Strategy objects`` in the first step."""
-    _needs_strategy(topology)
     expected = _all_inside(topology)
     for compile_inside in (True, False):
         keras.backend.clear_session()
@@ -209,6 +208,7 @@ def test_optimizer_created_outside_scope(topology):
 
 
 @pytest.mark.fix("strategy-scope", role="guard")
+@NEEDS_STRATEGY
 def test_built_optimizer_from_outside_scope_is_refused(topology):
     """An optimizer already built outside of the scope (it has slot
     variables for other weights) cannot move to the model's strategy: it is
@@ -218,7 +218,6 @@ def test_built_optimizer_from_outside_scope_is_refused(topology):
     built optimizer gives on one device without any strategy; the fork
     raises at ``compile()`` and names the scope (its unit tests check the
     message)."""
-    _needs_strategy(topology)
     x, y = _data()
     optimizer = _optimizer()
     optimizer.build([keras.Variable(np.ones((2,), "float32"))])
@@ -230,12 +229,12 @@ def test_built_optimizer_from_outside_scope_is_refused(topology):
     _assert_untrained(model)
 
 
+@NEEDS_STRATEGY
 def test_lazy_model_first_called_outside_scope(topology):
     """A model without ``Input`` created in the scope builds its variables
     on first call; called first outside of the scope, they are still
     created under its strategy: same trajectory as all-inside (which is
     right). Stock: plain variables, the first step crashes."""
-    _needs_strategy(topology)
     expected = _all_inside(topology, lazy=True)
     _assert_right(expected)
     keras.backend.clear_session()
@@ -255,8 +254,6 @@ def test_save_outside_load_inside_or_outside(topology):
     import tempfile
     from pathlib import Path
 
-    if BACKEND != "tensorflow":
-        pytest.skip("tf.distribute scopes are TensorFlow only")
     with topology.scope():
         model = _model()
         model.compile(_optimizer(), "mse")
@@ -295,6 +292,7 @@ def _compile_fit_outside_model(topology, lazy, compile_inside):
     [(False, False), (True, False), (True, True)],
     ids=["compile_outside", "lazy_compile_outside", "lazy_compile_inside"],
 )
+@NEEDS_STRATEGY
 def test_model_created_outside_scope_is_refused_before_training(
     topology, lazy, compile_inside
 ):
@@ -306,13 +304,13 @@ def test_model_created_outside_scope_is_refused_before_training(
     objects`` from TensorFlow's scope stack when it builds the optimizer;
     lazy and compiled inside, the first step's graph execution fails with
     ``InvalidArgumentError`` (a placeholder of its ``tf.cond`` not fed)."""
-    _needs_strategy(topology)
     model, refused = _compile_fit_outside_model(topology, lazy, compile_inside)
     _assert_untrained(model)
     assert OUTSIDE_MESSAGE in str(refused), refused
 
 
 @pytest.mark.fix("strategy-scope", role="guard")
+@NEEDS_STRATEGY
 def test_built_model_created_outside_scope_compiled_inside_is_refused(
     topology,
 ):
@@ -322,12 +320,12 @@ def test_built_model_created_outside_scope_compiled_inside_is_refused(
     (TensorFlow's "`colocate_vars_with` must only be passed a variable
     created in this tf.distribute.Strategy.scope()"); the fork raises at
     ``compile()`` with its own message (its unit tests check it)."""
-    _needs_strategy(topology)
     model, _ = _compile_fit_outside_model(topology, False, True)
     _assert_untrained(model)
 
 
 @pytest.mark.fix("strategy-scope", role="guard")
+@NEEDS_STRATEGY
 def test_layers_built_outside_scope_are_refused(topology):
     """A model created in the scope around a sub-model built outside of it
     (its trainable weights are plain variables): refused with a
@@ -335,7 +333,6 @@ def test_layers_built_outside_scope_are_refused(topology):
     with TensorFlow's ``colocate_vars_with`` error when ``fit`` builds the
     optimizer; the fork raises at ``compile()`` naming the weights (its
     unit tests check the message)."""
-    _needs_strategy(topology)
     base = _model()
     with topology.scope():
         model = keras.Sequential([keras.Input((FEATURES,)), base])
@@ -345,6 +342,8 @@ def test_layers_built_outside_scope_are_refused(topology):
     _assert_untrained(model)
 
 
+@NEEDS_STRATEGY
+@pytest.mark.topology(multi_replica=True)
 def test_jit_compile_true_is_refused_auto_trains(topology):
     """``jit_compile=True`` with several replicas: a ``ValueError`` before
     any weight moves, then the fork's message says it is unsupported;
@@ -352,13 +351,11 @@ def test_jit_compile_true_is_refused_auto_trains(topology):
     (the symptom this test fails on there): the first step's graph
     execution raises ``InvalidArgumentError: Trying to access resource
     ... located in device CPU:1 from device CPU:0``."""
-    _needs_strategy(topology)
-    if topology.num_replicas == 1:
-        pytest.skip("needs more than one replica")
     if topologies.on_gpu():
         pytest.skip(
-            "refused on the CPU devices of one process only, where the "
-            "failure is shown; on GPUs: docs/gpu.md checklist"
+            f"{markers.NOT_APPLICABLE}: refused on the CPU devices of one "
+            "process only, where the failure is shown; on GPUs: docs/gpu.md "
+            "checklist"
         )
     with topology.scope():
         model = _model()
@@ -374,14 +371,13 @@ def test_jit_compile_true_is_refused_auto_trains(topology):
 
 
 @pytest.mark.fix("strategy-scope", role="guard")
-def test_one_device_nothing_changes(topology):
+@pytest.mark.topology(
+    strategy=False, reason="one-device (default strategy) topology only"
+)
+def test_one_device_nothing_changes():
     """Default strategy (no scope): the model follows the NumPy trajectory
     with the optimizer created anywhere, also with ``jit_compile=True``,
     and a lazy model builds on first call as before."""
-    if BACKEND != "tensorflow":
-        pytest.skip("tf.distribute scopes are TensorFlow only")
-    if topology.strategy is not None:
-        pytest.skip("one-device (default strategy) topology only")
     optimizer = _optimizer()
     model = _model(lazy=True)
     model(_data()[0][:2])

@@ -98,25 +98,22 @@ def _assert_statistics(target, world_size):
             )
 
 
-def test_dp_processes_average_batch_normalization_statistics(topology):
+@pytest.mark.topology("dp-2")
+def test_dp_processes_average_batch_normalization_statistics():
     """torch/dp-2: ``fit`` under ``keras.distribution.DataParallel``."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     _assert_statistics("_dp_fit", 2)
 
 
-def test_ddp_processes_average_batch_normalization_statistics(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_processes_average_batch_normalization_statistics():
     """torch/ddp-2: ``fit`` in a gloo process group without a
     ``keras.distribution``."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch/ddp-2 only")
     _assert_statistics("_ddp_fit", 2)
 
 
 @pytest.mark.fix("torch-bn-stats", role="guard")
-def test_one_process_group_keeps_its_statistics(topology):
+@pytest.mark.topology("1")
+def test_one_process_group_keeps_its_statistics():
     """torch/1, in a process group of one (``fit`` wraps the model in
     DDP): the statistics are the moving averages of its own batches."""
-    if topology.name != "1":
-        pytest.skip("torch/1 only")
     _assert_statistics("_ddp_fit", 1)

@@ -158,17 +158,15 @@ def _assert_all_batches_in_every_process(target):
             assert call["seconds"] < LIMIT_S, f"process {rank}: {name} {call}"
 
 
-def test_dp_uneven_evaluate_reports_all_batches(topology):
+@pytest.mark.topology("dp-2")
+def test_dp_uneven_evaluate_reports_all_batches():
     """torch/dp-2: a ``PyDataset`` auto-sharded by ``DataParallel``."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     _assert_all_batches_in_every_process("_dp_runs")
 
 
-def test_ddp_uneven_evaluate_reports_all_batches(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_uneven_evaluate_reports_all_batches():
     """torch/ddp-2: arrays of 3 and 2 batches per process."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch/ddp-2 only")
     _assert_all_batches_in_every_process("_ddp_runs")
 
 
@@ -271,7 +269,8 @@ def _dp_even_runs(rank, world_size):
 
 
 @pytest.mark.fix("torch-dp-evaluate", role="guard")
-def test_dp_even_evaluate_matches_one_process(topology):
+@pytest.mark.topology("dp-2")
+def test_dp_even_evaluate_matches_one_process():
     """torch/dp-2: the built-in metrics' states are sums over samples, so
     the per-step sum over the processes gives one process's metrics; so
     does a metric whose two states have ``aggregation="mean"`` (summed
@@ -279,8 +278,6 @@ def test_dp_even_evaluate_matches_one_process(topology):
     for every built-in metric here. rtol 1e-5: the processes' partial sums
     are added in another order (float32), and AUC interpolates between
     thresholds."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     runs = workers.run_workers(
         f"{__name__}:_dp_even_runs", world_size=2, timeout=150
     )
@@ -315,15 +312,14 @@ def _ddp_loader_runs(rank, world_size):
 
 
 @pytest.mark.fix("torch-dp-evaluate", role="guard")
-def test_ddp_data_loader_is_not_resampled(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_data_loader_is_not_resampled():
     """torch/ddp-2: Keras injects a ``DistributedSampler`` only under an
     auto-sharding distribution (where multi-process refuses a
     ``DataLoader``, above), so under a bare process group each process
     evaluates the whole loader: 5 rows, no padded duplicates, and the sum
     over the processes gives one process's metrics (MAE 10 / 5, MSE
     30 / 5). Suspicion (b) of issue 39 is refuted."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch/ddp-2 only")
     runs = workers.run_workers(
         f"{__name__}:_ddp_loader_runs", world_size=2, timeout=150
     )
@@ -344,10 +340,9 @@ def _one_process_runs(rank, world_size):
 
 
 @pytest.mark.fix("torch-dp-evaluate", role="guard")
-def test_one_process_evaluates_every_batch(topology):
+@pytest.mark.topology("1")
+def test_one_process_evaluates_every_batch():
     """torch/1: in a process group of one, 5 batches, custom step too."""
-    if topology.name != "1":
-        pytest.skip("torch/1 only")
     (run,) = workers.run_workers(
         f"{__name__}:_one_process_runs", world_size=1, timeout=180
     )

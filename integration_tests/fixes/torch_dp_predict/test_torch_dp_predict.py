@@ -83,14 +83,13 @@ def _dp_predictions(rank, world_size):
             return [_predict(Rows(n), k) for n, k in CASES]
 
 
-def test_dp_predict_returns_every_row_in_order(topology):
+@pytest.mark.topology("dp-2")
+def test_dp_predict_returns_every_row_in_order():
     """torch/dp-2: every process gets the ``2 * n`` rows, in order.
 
     Stock: each process's own rows (``[0, 1, 4, 5, 8, 9]`` and ``[2, 3,
     6, 7]`` for 5 batches), and an error in the process without a batch.
     The workers need about 20 s on 2 CPU cores; 120 s bounds the run."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     runs = workers.run_workers(
         f"{__name__}:_dp_predictions", world_size=2, timeout=120
     )
@@ -110,10 +109,9 @@ def _ddp_predictions(rank, world_size):
 
 
 @pytest.mark.fix("torch-dp-predict", role="guard")
-def test_ddp_predict_returns_each_process_its_own_rows(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_predict_returns_each_process_its_own_rows():
     """torch/ddp-2: nothing is auto-sharded, so nothing is gathered."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch/ddp-2 only")
     runs = workers.run_workers(
         f"{__name__}:_ddp_predictions", world_size=2, timeout=120
     )
@@ -129,10 +127,9 @@ def _one_process_predictions(rank, world_size):
 
 
 @pytest.mark.fix("torch-dp-predict", role="guard")
-def test_one_process_predicts_every_row(topology):
+@pytest.mark.topology("1")
+def test_one_process_predicts_every_row():
     """torch/1: ``DataParallel`` over one process, and no distribution."""
-    if topology.name != "1":
-        pytest.skip("torch/1 only")
     (run,) = workers.run_workers(
         f"{__name__}:_one_process_predictions", world_size=1, timeout=180
     )
@@ -156,12 +153,11 @@ def _dp_tf_data_predictions(rank, world_size):
             return [_predict(dataset, k) for k in (1, 2)]
 
 
-def test_dp_predict_tf_data_returns_every_row_in_order(topology):
+@pytest.mark.topology("dp-2")
+def test_dp_predict_tf_data_returns_every_row_in_order():
     """torch/dp-2: the same for a ``tf.data.Dataset``. Stock: ``[0, 1, 4,
     5, 8, 9]`` and ``[2, 3, 6, 7]``. TensorFlow's import makes the
     workers take about 45 s on 2 CPU cores; 150 s bounds the run."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     runs = workers.run_workers(
         f"{__name__}:_dp_tf_data_predictions", world_size=2, timeout=150
     )

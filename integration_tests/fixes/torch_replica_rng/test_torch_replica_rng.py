@@ -119,18 +119,16 @@ def _assert_processes_draw_their_own_masks(target):
     assert np.mean(counts["unseeded"] != counts["unseeded_other"]) > 0.3
 
 
-def test_dp_processes_draw_their_own_dropout_masks(topology):
+@pytest.mark.topology("dp-2")
+def test_dp_processes_draw_their_own_dropout_masks():
     """torch/dp-2: ``fit`` under ``keras.distribution.DataParallel``."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     _assert_processes_draw_their_own_masks("_dp_runs")
 
 
-def test_ddp_processes_draw_their_own_dropout_masks(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_processes_draw_their_own_dropout_masks():
     """torch/ddp-2: ``fit`` in a gloo process group without a
     ``keras.distribution``."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch/ddp-2 only")
     _assert_processes_draw_their_own_masks("_ddp_runs")
 
 
@@ -149,12 +147,11 @@ def _one_process_runs(rank, world_size):
 
 
 @pytest.mark.fix("torch-replica-rng", role="guard")
-def test_one_process_group_fit_mask_is_the_seed_generator_draw(topology):
+@pytest.mark.topology("1")
+def test_one_process_group_fit_mask_is_the_seed_generator_draw():
     """torch/1, in a gloo process group of one process (``fit`` wraps the
     model in DDP): nothing is folded, the mask is exactly the generator's
     first draw (stock numerics, bit for bit)."""
-    if topology.name != "1":
-        pytest.skip("torch/1 only")
     (run,) = workers.run_workers(
         f"{__name__}:_one_process_runs", world_size=1, timeout=300
     )

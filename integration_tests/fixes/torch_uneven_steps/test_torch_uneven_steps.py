@@ -143,17 +143,15 @@ def _assert_refused_then_trained(target):
         )
 
 
-def test_dp_uneven_auto_shard_is_refused(topology):
+@pytest.mark.topology("dp-2")
+def test_dp_uneven_auto_shard_is_refused():
     """torch/dp-2: a ``PyDataset`` auto-sharded by ``DataParallel``."""
-    if topology.name != "dp-2":
-        pytest.skip("torch/dp-2 only")
     _assert_refused_then_trained("_dp_runs")
 
 
-def test_ddp_uneven_arrays_are_refused(topology):
+@pytest.mark.topology("ddp-2")
+def test_ddp_uneven_arrays_are_refused():
     """torch/ddp-2: arrays of different sizes per process."""
-    if topology.name != "ddp-2":
-        pytest.skip("torch/ddp-2 only")
     _assert_refused_then_trained("_ddp_runs")
 
 
@@ -163,11 +161,10 @@ def _one_process_runs(rank, world_size):
 
 
 @pytest.mark.fix("torch-uneven-steps", role="guard")
-def test_one_process_group_trains_any_batch_count(topology):
+@pytest.mark.topology("1")
+def test_one_process_group_trains_any_batch_count():
     """torch/1, in a process group of one (``fit`` wraps the model in
     DDP): 3 batches train, nothing to compare."""
-    if topology.name != "1":
-        pytest.skip("torch/1 only")
     (run,) = workers.run_workers(
         f"{__name__}:_one_process_runs", world_size=1, timeout=180
     )

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from ...harness import devices
+from ...harness import markers
 from ...harness import recorders
 from ...harness import workers
 
@@ -138,20 +139,20 @@ def _compare_with_one_device(topology, num_samples, weighted, reduction):
     _assert_same_trajectory(num_samples, result, expected)
 
 
-def _single_process(topology):
-    if topology.name == "multiworker-2":
-        pytest.skip("single-process test; multiworker-2 runs the worker test")
-    if topology.name == "ddp-2":
-        pytest.skip("torch has no multi-device Model.fit")
-    devices.skip_comparison_on_one_device(topology)
+_SINGLE_PROCESS = pytest.mark.topology(
+    exclude=("multiworker-2", "ddp-2"),
+    reason="single-process test (multiworker-2 runs the worker test; torch "
+    "has no multi-device Model.fit)",
+)
 
 
 def _skip_unshardable_jax(topology, num_samples):
     last = num_samples % GLOBAL_BATCH
     if BACKEND == "jax" and last % topology.num_replicas:
         pytest.skip(
-            f"jax/{topology.name}: DataParallel shards each global batch "
-            f"over {topology.num_replicas} devices; the final batch of "
+            f"{markers.NOT_APPLICABLE}: jax/{topology.name}: DataParallel "
+            f"shards each global batch over {topology.num_replicas} "
+            f"devices; the final batch of "
             f"{last} raises IndivisibleError on stock (not a weighting "
             "defect; the indivisible-batch fix, test_indivisible_batch.py)"
         )
@@ -165,12 +166,13 @@ def _skip_unshardable_jax(topology, num_samples):
     [(33, False), (33, True), (39, True)],
     ids=["33-plain", "33-weighted", "39-weighted"],
 )
+@_SINGLE_PROCESS
 def test_uneven_last_batch_matches_one_device(topology, num_samples, weighted):
     """The default 'sum_over_batch_size' loss, with or without sample
     weights (Keras divides the weighted sum by the number of samples):
     weights, every reported step loss, epoch losses and evaluate() match
     one-device training on the same global batches."""
-    _single_process(topology)
+    devices.skip_comparison_on_one_device(topology)
     _skip_unshardable_jax(topology, num_samples)
     _compare_with_one_device(
         topology, num_samples, weighted, "sum_over_batch_size"
@@ -178,34 +180,38 @@ def test_uneven_last_batch_matches_one_device(topology, num_samples, weighted):
 
 
 @pytest.mark.fix("uneven-batch", guard_on=("jax", "torch"))
+@_SINGLE_PROCESS
 def test_sum_reduction_reports_one_device_loss(topology):
     """reduction='sum': the summed gradients were already those of the
     global sum on stock; its reported loss (the local sum times the replica
     count) was not. 39 samples: last batch split unevenly but never empty,
     so every replica's share matters."""
-    _single_process(topology)
+    devices.skip_comparison_on_one_device(topology)
     _skip_unshardable_jax(topology, 39)
     _compare_with_one_device(topology, 39, True, "sum")
 
 
 @pytest.mark.fix("uneven-batch", role="guard")
 @pytest.mark.parametrize("num_samples", [64, 40])
+@_SINGLE_PROCESS
 def test_even_split_matches_one_device(topology, num_samples):
     """Every global batch splits evenly: 64 samples (4 full batches) and 40
     (a short last batch of 8, still divisible by 1, 2, 4 and 8 devices).
     Stock is right here; the fork must stay so (its scaling factor is then
     exactly 1 / num_replicas)."""
-    _single_process(topology)
+    devices.skip_comparison_on_one_device(topology)
     _compare_with_one_device(topology, num_samples, True, "sum_over_batch_size")
 
 
 @pytest.mark.fix("uneven-batch", role="guard")
+@_SINGLE_PROCESS
+@pytest.mark.topology(
+    backend="tensorflow", reason="tf.data static batch size: tensorflow only"
+)
 def test_static_batch_size_matches_one_device(topology):
     """A tf.data pipeline with drop_remainder=True has a static batch size,
     the same on every replica: the fork skips the all-reduce there."""
-    _single_process(topology)
-    if BACKEND != "tensorflow":
-        pytest.skip("tf.data static batch size: tensorflow only")
+    devices.skip_comparison_on_one_device(topology)
     import tensorflow as tf
 
     x, y, _ = _data(40)
@@ -255,7 +261,8 @@ def _multiworker_cases(rank, world_size):
     return out
 
 
-def test_multiworker_uneven_last_batch_matches_one_device(topology):
+@pytest.mark.topology("multiworker-2")
+def test_multiworker_uneven_last_batch_matches_one_device():
     """Two workers (one replica each) against one device in each worker.
 
     On stock 3.15.1, ``fit`` under MultiWorkerMirroredStrategy fails before
@@ -264,8 +271,6 @@ def test_multiworker_uneven_last_batch_matches_one_device(topology):
     multiworker-fit but without this fix, the weights differ from one
     device by ~0.3 (linear model, 33 samples; REPORT.md).
     """
-    if topology.name != "multiworker-2":
-        pytest.skip("multiworker-2 only")
     runs = workers.run_workers(
         f"{__name__}:_multiworker_cases", world_size=2, timeout=300
     )
