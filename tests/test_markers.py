@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
+from integration_tests.harness import junit
 from integration_tests.harness import markers
-from keras_fork.proof import junit
 from keras_fork.recipe import pins
 
 
