@@ -38,7 +38,10 @@ def test_every_replica_is_a_gpu_and_jax_8_needs_two():
     assert topologies.gpus_needed("jax", "8") == 2  # every GPU, at least 2
     for backend in ("jax", "tensorflow", "torch"):
         assert topologies.gpus_needed(backend, "1") == 1
-        assert topologies.gpus_needed(backend, topologies.UNIT) == 1
+        assert (
+            topologies.gpus_needed(backend, fixes.device_topology(fixes.UNIT))
+            == 1
+        )
     with pytest.raises(KeyError):
         topologies.gpus_needed("torch", "mirrored-2")
 

@@ -84,11 +84,9 @@ class Cell:
         return topologies.has_strategy(self.backend, self.name)
 
     def others(self) -> list[Cell]:
-        """Every topology of this backend but ``unit``, this one included."""
+        """Every topology of this backend, this one included."""
         return [
-            Cell(b, n)
-            for b, n in topologies.TOPOLOGIES
-            if b == self.backend and n != topologies.UNIT
+            Cell(b, n) for b, n in topologies.TOPOLOGIES if b == self.backend
         ]
 
 

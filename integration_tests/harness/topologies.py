@@ -72,12 +72,8 @@ MULTI_PROCESS = {
     ("torch", "ddp-2"),
     ("torch", "dp-2"),
 }
-# The upstream-style unit tests a fix's patches add, run with Keras's own
-# test files on one device: stock runs only the added tests (they must fail),
-# fork runs every test file the patches touch (all must pass).
-UNIT = "unit"
-for _backend in ("jax", "tensorflow", "torch"):
-    TOPOLOGIES[(_backend, UNIT)] = (1, "upstream-style unit tests, 1 device")
+# The upstream-style unit tests of the patches are not a topology but a kind
+# of test (``keras_fork.proof.fixes.UNIT``), run on topology ``1``.
 
 
 # With ``--accelerator gpu`` every replica is a GPU: a process-per-replica

@@ -59,7 +59,6 @@ STATUSES = ("fixed", "broken", "n/a")
 BACKENDS = ("jax", "tensorflow", "torch")
 PACKAGE = Path(__file__).resolve().parent.parent
 FIXES = PACKAGE / "fixes"
-UNIT = "unit"
 # Seconds a run may go without progress beyond the per-test timeout
 # before its process group is killed (set-up, imports, collection).
 GRACE = 60.0
@@ -248,10 +247,8 @@ def _wanted(wanted: dict, axis: str, value: str) -> bool:
 
 
 def _topologies(wanted: dict):
-    """Every (backend, topology) the filters select, ``unit`` left out."""
+    """Every (backend, topology) the filters select."""
     for backend, topology in topologies.TOPOLOGIES:
-        if topology == UNIT:
-            continue
         if _wanted(wanted, "backend", backend) and _wanted(
             wanted, "topology", topology
         ):
@@ -474,7 +471,7 @@ def check_filters(args, fixes) -> dict:
     known = {
         "fix": sorted(f.id for f in fixes),
         "backend": list(BACKENDS),
-        "topology": sorted({t for _, t in topologies.TOPOLOGIES if t != UNIT}),
+        "topology": sorted({t for _, t in topologies.TOPOLOGIES}),
     }
     wanted = {}
     for axis, valid in known.items():

@@ -21,6 +21,29 @@ from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
 
 EXPECTS = ("proven", "guard")
+# The upstream-style unit tests a fix's patches add are a kind of test, not
+# a topology: Keras's own test files, run on topology ``1`` (one device);
+# stock runs only the added tests (they must fail), the fork every test
+# file the patches touch (all must pass). Their cells keep the key
+# ``<backend>/unit`` in fix.toml and proof.json (a stable contract).
+UNIT = "unit"
+BACKENDS = ("jax", "tensorflow", "torch")
+
+
+def cell_keys() -> set[str]:
+    """Every ``"<backend>/<topology>"`` a fix needs a cell for: each
+    topology of ``harness.topologies.TOPOLOGIES``, and ``<backend>/unit``
+    for each backend."""
+    keys = {"/".join(k) for k in topologies.TOPOLOGIES}
+    return keys | {f"{b}/{UNIT}" for b in BACKENDS}
+
+
+def device_topology(topology: str) -> str:
+    """The topology a cell's tests run on: ``1`` for the unit kind, else
+    the cell's own."""
+    return "1" if topology == UNIT else topology
+
+
 # A cell's verdicts (``verdict``), in report order; the problems make a
 # prove run exit 1.
 GUARD_FAILED = "guard-failed-on-stock"
@@ -95,10 +118,9 @@ def _cell(fix: Fix, base: str, where: str, value: str) -> Cell:
             f"{path}: {where}: expectation {value!r} is not one of "
             f"{EXPECTS} or 'n/a: <reason>'"
         )
-    elif not topologies.known(backend, topology):
+    elif where not in cell_keys():
         raise ForkError(
-            f"{path}: unknown cell {where}; known: "
-            f"{sorted('/'.join(k) for k in topologies.TOPOLOGIES)}"
+            f"{path}: unknown cell {where}; known: {sorted(cell_keys())}"
         )
     needs = fix.prerequisites.get(base, {}).get(where, ())
     return Cell(
@@ -119,7 +141,7 @@ def missing_cells(fix: Fix) -> dict[str, list[str]]:
     """``{base: ["<backend>/<topology>", ...]}`` of the topologies a fix
     declares no cell for (every one needs a cell, ``n/a`` with a reason
     where it does not apply); empty when none is missing."""
-    known = {"/".join(k) for k in topologies.TOPOLOGIES}
+    known = cell_keys()
     out = {}
     for base, table in fix.cells.items():
         missing = sorted(known - set(table))
@@ -239,7 +261,8 @@ def short_of_gpus(cells: list[Cell], gpus: int) -> list[Cell]:
     """
     out = []
     for c in cells:
-        why = topologies.gpu_shortfall(c.backend, c.topology, gpus)
+        topology = device_topology(c.topology)
+        why = topologies.gpu_shortfall(c.backend, topology, gpus)
         if c.expect != "n/a" and why:
             c = dataclasses.replace(c, expect="n/a", reason=why)
         out.append(c)

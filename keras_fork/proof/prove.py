@@ -104,7 +104,7 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
     units = {
         c.key: groups_lib.unit_tests(layout, bases[c.base], c.fix)
         for c in cells
-        if c.topology == topologies.UNIT and c.expect != "n/a"
+        if c.topology == fixes_lib.UNIT and c.expect != "n/a"
     }
     jobs = getattr(args, "jobs", None) or runner.default_jobs(accelerator)
     todo = groups_lib.plan_groups(cells, units, args.variant or list(VARIANTS))

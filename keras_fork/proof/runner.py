@@ -29,6 +29,7 @@ from integration_tests.harness import run
 from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
 from keras_fork.proof.fixes import Cell
+from keras_fork.proof.fixes import device_topology
 from keras_fork.proof.groups import Group
 from keras_fork.proof.groups import UnitTests
 from keras_fork.proof.variants import child_env
@@ -123,7 +124,7 @@ def run_group(
     progress.unlink(missing_ok=True)
     topology_env = run.fixes_env(
         group.backend,
-        group.topology,
+        device_topology(group.topology),
         where.accelerator,
         group.fixes,
         progress,
