@@ -117,3 +117,25 @@ def test_a_prefix_that_does_not_build_stops_the_bisection(monkeypatch):
     )
     with pytest.raises(ForkError, match="2.0 prefix 1 does not apply"):
         _bisect(bases, jobs=1)
+
+
+def test_a_prefix_with_no_test_is_byte_compiled_instead_of_built(tmp_path):
+    """A prefix whose patch adds no test is checked by compiling the files
+    it changes (``_compiles``), unless it changes a packaging file, which
+    is built; a file that does not compile names the patch."""
+    patch = tmp_path / "0001-x.patch"
+    patch.write_text(
+        "diff --git a/keras/a.py b/keras/a.py\n--- a/keras/a.py\n"
+        "+++ b/keras/a.py\n@@ -1 +1 @@\n-x = 1\n+x = (\n"
+    )
+    tree = tmp_path / "tree"
+    (tree / "keras").mkdir(parents=True)
+    (tree / "keras" / "a.py").write_text("x = (\n")
+    assert not bisect._touches_packaging(patch)
+    with pytest.raises(ForkError, match="0001-x.patch: does not compile"):
+        bisect._compiles(tree, patch)
+    (tree / "keras" / "a.py").write_text("x = 1\n")
+    bisect._compiles(tree, patch)
+    packaging = tmp_path / "0002-y.patch"
+    packaging.write_text("diff --git a/pyproject.toml b/pyproject.toml\n")
+    assert bisect._touches_packaging(packaging)

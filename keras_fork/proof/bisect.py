@@ -32,6 +32,7 @@ from keras_fork.errors import ForkError
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
+from keras_fork.recipe import wheel
 
 BACKENDS = ("jax", "tensorflow", "torch")
 
@@ -147,14 +148,15 @@ def prepare_prefix(
     Returns:
         The pytest runs of patch k's test files (one per backend that runs
         them, plus the jax ``multi_device`` pass on 8 devices); none when
-        the patch touches no test file (then nothing is installed: the
-        prefix only has to build).
+        the patch touches no test file (then nothing is installed, and unless
+        the patch changes a packaging file, its Python files are
+        byte-compiled instead of building the wheel: ``_compiles``).
 
     Raises:
         ForkError: the prefix does not apply or does not build.
     """
     patches = series.read_series(layout, base)[:k]
-    tree, whl = variants.build_subset(layout, base, patches, tmp)
+    scratch, tree = variants.materialize_subset(layout, base, patches, tmp)
     target = tmp / "site"
     runs = []
     # A keras-nightly tree has only the test files the series creates; its
@@ -180,9 +182,52 @@ def prepare_prefix(
             runs.append(
                 PrefixRun(k, label, _pytest_cmd(work, select), env, work)
             )
-    if runs:
-        _install(whl, target)
+    if runs or _touches_packaging(patches[-1]):
+        whl = wheel.build(scratch, base, tree)
+        if runs:
+            _install(whl, target)
+    else:
+        _compiles(tree, patches[-1])
     return runs
+
+
+def _changed_files(patch: Path) -> list[str]:
+    """The paths a ``git format-patch`` file changes (their new names)."""
+    return re.findall(r"(?m)^diff --git a/\S+ b/(\S+)$", patch.read_text())
+
+
+# Files that decide how a wheel is built: a patch touching one is built.
+PACKAGING = ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in")
+
+
+def _touches_packaging(patch: Path) -> bool:
+    """Whether ``patch`` changes a packaging file (``PACKAGING``)."""
+    return any(Path(f).name in PACKAGING for f in _changed_files(patch))
+
+
+def _compiles(tree: Path, patch: Path) -> None:
+    """Byte-compiles the Python files ``patch`` leaves in ``tree``: a
+    prefix with no test to run is checked this way, not by building its
+    wheel (about 15 s each, the same ``pyproject.toml`` every time, since
+    ``_touches_packaging`` builds those that change it).
+
+    Raises:
+        ForkError: a file does not compile (its error).
+    """
+    files = [
+        str(tree / f)
+        for f in _changed_files(patch)
+        if f.endswith(".py") and (tree / f).is_file()
+    ]
+    if not files:
+        return
+    out = subprocess.run(
+        [sys.executable, "-m", "py_compile", *files],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise ForkError(f"{patch.name}: does not compile:\n{out.stderr}")
 
 
 def _test_root(tree: Path, files: list[str], work: Path) -> Path:

@@ -99,13 +99,17 @@ def build_subset(
         ForkError: a patch does not apply without the others (its name and
             file), or the wheel does not build.
     """
-    scratch, tree = _materialize_subset(layout, base, patches, tmp, source_only)
+    scratch, tree = materialize_subset(layout, base, patches, tmp, source_only)
     return tree, wheel.build(scratch, base, tree)
 
 
-def _materialize_subset(layout, base, patches, tmp: Path, source_only: bool):
+def materialize_subset(layout, base, patches, tmp: Path, source_only: bool):
     """``(scratch layout, tree)`` of ``patches`` applied to the pristine
-    sdist of ``base``, under ``tmp`` (see ``build_subset``)."""
+    sdist of ``base``, under ``tmp`` (see ``build_subset``).
+
+    Raises:
+        ForkError: a patch does not apply without the others.
+    """
     tmp.mkdir(parents=True)
     scratch = dataclasses.replace(
         layout, patches=tmp / "patches", build=tmp / "build", dist=tmp / "dist"
@@ -188,7 +192,7 @@ def install_prerequisites(
     layout.build.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=layout.build, prefix=".pre.") as t:
         try:
-            scratch, tree = _materialize_subset(
+            scratch, tree = materialize_subset(
                 layout, base, patches, Path(t) / "subset", source_only=True
             )
         except ForkError as e:
