@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from keras_fork import cli
+from keras_fork.proof import fixes as fixes_lib
+from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
 from keras_fork.recipe import wheel
@@ -53,7 +55,10 @@ def test_a_pr_body_reports_its_pr_check_row(upstream):
     out = _pr_series(layout)
     body = (out / "0001-Reverse-the-order.md").read_text()
     assert "### This PR alone on Keras master\n" in body
-    assert "Keras at `master`, the tests it adds" in body
+    assert (
+        "Keras at `master`, the tests this PR adds: they fail without its "
+        "change and pass with it." in body
+    )
     assert "| torch | fail | pass |" in body and "| jax |" not in body
 
 
@@ -79,6 +84,9 @@ def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
     # Keras's PR template: the agreement's boxes, unticked; no proof run,
     # no placeholder in the body: the cover letter says so.
     assert "## Contributor Agreement\n\n- [ ] I am a human" in body
+    assert (
+        "- [ ] I have signed the Google Contributor License Agreement" in body
+    )
     assert "## AI assistance\n\nAn AI coding agent wrote this change" in body
     assert body.index("## AI assistance") < body.index("## Contributor")
     assert "Proof" not in body and "scripts/" not in body
@@ -271,31 +279,99 @@ def _proof_cell(base, verdict, topology):
 
 def test_the_bodies_carry_the_proof_when_dist_has_one(upstream):
     """Without ``dist/proof.json`` neither the bodies nor the cover letter
-    say anything about proof; after a proof run, ``pr-series`` puts each
-    patch's cells into its body and the cover letter points to them."""
+    say anything about integration tests; after a proof run, ``pr-series``
+    puts each patch's cells into its body, in a reviewer's words (setups
+    described, no "stock", no topology names), and the cover letter points
+    to them."""
     layout, base, _ = upstream
     fake.add_fix(layout, base, series.materialize(layout, base))
     out = _pr_series(layout)
     body = (out / "0001-Reverse-the-order.md").read_text()
     cover = (out / "0000-cover-letter.patch").read_text()
-    assert "proof" not in body.lower() and "proof" not in cover.lower()
+    for text in (body.lower(), cover.lower()):
+        assert "proof" not in text and "integration test" not in text
     cells = [
         _proof_cell(base, "proven", "8"),
         _proof_cell(base, "n/a", "procs-2"),
         dict(_proof_cell(base, "proven", "1"), fix="another-fix"),
+        dict(
+            _proof_cell(base, "guard", "mirrored-2"),
+            backend="tensorflow",
+            stock_side="stock+other-fix",
+            accelerator="gpu",
+        ),
     ]
     (layout.dist / "proof.json").write_text(json.dumps({"cells": cells}))
     out = _pr_series(layout, "--base", base.version)
     body = (out / "0001-Reverse-the-order.md").read_text()
-    assert f"### Proof on keras {base.version} (stock vs the series)" in body
-    assert "| jax | 8 | fail | pass | proven |" in body
-    assert "(1 more cells do not apply.)" in body
-    assert "| jax | 1 |" not in body  # another fix's cell
+    assert f"### Integration tests on keras {base.version}\n" in body
+    assert "Integration tests of this change on CPU and GPU, without" in body
+    assert "| jax | 8 devices, `DataParallel` | fail | pass | fixed |" in body
+    assert (
+        "| tensorflow | `MirroredStrategy`, 2 devices | -* | - | "
+        "unchanged (regression check) |" in body
+    )
+    assert "\\*: without this change, but with what the test" in body
+    assert "(1 more backend and setup combinations do not apply" in body
+    assert "| jax | one device |" not in body  # another fix's cell
+    assert not re.search(r"\bstock\b|mirrored-2|\bcells?\b", body, re.I)
     cover = (out / "0000-cover-letter.patch").read_text()
-    assert "\nproof: in each PR body\n" in cover
+    assert "\nIntegration test results: in each PR body\n" in cover
 
 
 def test_pr_series_of_an_empty_series_is_an_empty_folder(upstream):
     layout, base, _ = upstream
     out = _pr_series(layout)
     assert out.is_dir() and list(out.iterdir()) == []
+
+
+MASTER = "3.16.0.dev2026102704"
+
+
+def _master_matrix(layout) -> list[dict]:
+    """The master base's real proof matrix as ``dist/proof.json`` rows,
+    every cell run as declared (``proven``: fail, then pass): each
+    topology and prerequisite a body may describe."""
+    return [
+        {
+            "fix": c.fix,
+            "base": c.base,
+            "backend": c.backend,
+            "topology": c.topology,
+            "stock": "fail" if c.expect == "proven" else "pass",
+            "fork": "pass",
+            "verdict": c.expect,
+            "stock_side": c.stock_side,
+        }
+        for c in fixes_lib.load_matrix(layout.fixes)
+        if c.base == MASTER
+    ]
+
+
+def test_master_pr_bodies_read_as_a_colleagues():
+    """The bodies of the real master series, with its real proof matrix,
+    say nothing in the fork's own words: no "stock" (they say master, or
+    without this change), no topology name, Keras 3.15.1 only as the
+    release it is. #20378, a closed keras.io guide issue, is only
+    referenced, never "Fixes". Each body discloses AI assistance and
+    leaves the CLA box to the submitter."""
+    layout = pins.Layout.default()
+    (base,) = pins.select_bases(layout, [MASTER])
+    infos = [series.parse_patch(p) for p in series.read_series(layout, base)]
+    assert len(infos) == 18
+    cells, summaries = _master_matrix(layout), prseries.fix_summaries(layout)
+    names = {c["topology"] for c in cells} - {"1", "8"}
+    issues = prseries.issue_lines(infos)
+    for info, issue in zip(infos, issues, strict=True):
+        body = prseries.render_pr_body(
+            info, base, cells, issue, None, summaries
+        )
+        assert "### Integration tests on keras-nightly" in body, info.name
+        assert not re.search(r"\bstock\b", body, re.I), info.name
+        assert not re.search(r"Fixes \S*#20378\b", body), info.name
+        assert not [n for n in names if f"| {n} |" in body or f"`{n}`" in body]
+        assert body.count("3.15.1") == body.count("Keras 3.15.1"), info.name
+        assert "\n## AI assistance\n\nAn AI coding agent" in body
+        assert "- [ ] I have signed the Google Contributor License" in body
+    (first,) = [i for i in infos if "stateless_call" in i.subject]
+    assert issues[infos.index(first)] == "Refs keras-team/keras#20378"

@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import tomllib
 from pathlib import Path
 
 from keras_fork import outputs
@@ -44,12 +45,21 @@ PR_FLAGS = (
 _FIXES_LINE = re.compile(r"^(Fixes|Refs) [\w./-]+#\d+\s*$")
 
 
-TOPOLOGY_LEGEND = (
-    "`1` one device; `8` 8 devices of one JAX process; `procs-2` 2 JAX "
-    "processes; `mirrored-N` `MirroredStrategy` over N devices; "
-    "`multiworker-2` `MultiWorkerMirroredStrategy`, 2 workers; `ddp-2` "
-    "2 torch DDP processes (gloo); all on CPU"
-)
+# What each proof topology is, in the words of a PR body: a reviewer
+# reads the setup, not the matrix's names for it.
+SETUPS = {
+    "1": "one device",
+    "8": "8 devices, `DataParallel`",
+    "procs-2": "2 JAX processes, `DataParallel`",
+    "mirrored-2": "`MirroredStrategy`, 2 devices",
+    "mirrored-4": "`MirroredStrategy`, 4 devices",
+    "multiworker-2": "`MultiWorkerMirroredStrategy`, 2 workers",
+    "ddp-2": "2 torch DDP processes (gloo)",
+    "dp-2": "2 processes, `DataParallel` (gloo)",
+    "unit": "the unit tests, one device",
+}
+# A proof verdict as a PR body states it.
+RESULTS = {"proven": "fixed", "guard": "unchanged (regression check)"}
 
 
 def pr_series_dir(layout: Layout, base: Base) -> Path:
@@ -159,7 +169,7 @@ def pr_check_rows(layout: Layout, base: Base) -> dict:
     return {r["patch"]: dict(r, **where) for r in doc.get("rows", [])}
 
 
-def _master_lines(row: dict | None) -> list[str]:
+def _master_lines(row: dict | None, base: Base) -> list[str]:
     """The body's section on the PR alone on a Keras checkout, from its
     ``pr-check`` row: each backend's added tests on the checkout's code and
     with the PR; none when it was not checked or did not apply."""
@@ -167,20 +177,24 @@ def _master_lines(row: dict | None) -> list[str]:
         return []
     where = f"Keras at `{row['rev']}`"
     if row["source"] == "base":
-        where += " (its test files, under the nightly's source)"
+        source = f"{base.package} {base.version}"
+        where += f" (its test files, with the source of {source})"
+    verdict = row.get("verdict", "-")
+    outcome = {"proven": "they fail without its change and pass with it"}.get(
+        verdict, f"without and with its change: {verdict}"
+    )
     lines = [
         "### This PR alone on Keras master",
         "",
-        f"Applied alone to {where}, the tests it adds, without and with its "
-        f"change: {row.get('verdict', '-')}.",
+        f"Applied alone to {where}, the tests this PR adds: {outcome}.",
         "",
         "| backend | without | with |",
         "|---|---|---|",
     ]
     for backend in ("jax", "tensorflow", "torch"):
         if row.get(backend) not in (None, "-"):
-            stock = row.get(f"stock:{backend}", "-")
-            lines.append(f"| {backend} | {stock} | {row[backend]} |")
+            without = row.get(f"stock:{backend}", "-")
+            lines.append(f"| {backend} | {without} | {row[backend]} |")
     return [*lines, ""]
 
 
@@ -232,46 +246,109 @@ AGREEMENT = "\n".join(
         "timely manner.",
         "- [ ] I will work with the maintainers to push this PR forward until "
         "submission.",
+        "- [ ] I have signed the Google Contributor License Agreement "
+        "(submitter to confirm; the `cla/google` check verifies it).",
         "",
     ]
 )
 
 
-def _proof_lines(info: series.PatchInfo, base: Base, cells: list[dict]):
-    """The body's proof section: the matrix cells of the patch's fixes that
-    ran on ``base``, and how many more do not apply; none without a run."""
+def fix_summaries(layout: Layout) -> dict[str, str]:
+    """Each fix's one-line ``summary`` (its ``fix.toml``) by fix id: a body
+    names a fix by what it checks, never by its id."""
+    out = {}
+    for path in sorted(layout.fixes.glob("*/fix.toml")):
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if "id" in doc and "summary" in doc:
+            out[doc["id"]] = doc["summary"]
+    return out
+
+
+def _row(cells: list[str]) -> str:
+    """A markdown table row (``|`` in a cell escaped)."""
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def _where(run: list[dict]) -> str:
+    """Where the cells ran: ``CPU``, ``GPU`` or ``CPU and GPU`` (each
+    row's ``accelerator``; rows without one ran on CPU)."""
+    kinds = {
+        "CPU" if c.get("accelerator", "cpu") == "cpu" else "GPU" for c in run
+    }
+    return " and ".join(sorted(kinds))
+
+
+def _proof_row(c: dict, several: bool, summaries: dict[str, str]) -> str:
+    """One cell as a table row: what it checks (several fixes only), the
+    backend, the setup, the outcome without (``*``: with prerequisites)
+    and with the change, and the result."""
+    prerequisites = c.get("stock_side", "stock").split("+")[1:]
+    return _row(
+        [
+            *([summaries.get(c["fix"], c["fix"])] if several else []),
+            c["backend"],
+            SETUPS.get(c["topology"], c["topology"]),
+            (c["stock"] or "-") + ("*" if prerequisites else ""),
+            c["fork"] or "-",
+            RESULTS.get(c["verdict"], c["verdict"]),
+        ]
+    )
+
+
+def _proof_lines(
+    info: series.PatchInfo,
+    base: Base,
+    cells: list[dict],
+    summaries: dict[str, str] | None = None,
+) -> list[str]:
+    """The body's section on the integration tests: the proof cells of the
+    patch's fixes that ran on ``base``, each setup without and with the
+    change, and how many more do not apply; none without a run. Worded for
+    a reviewer: setups described (``SETUPS``), verdicts as results
+    (``RESULTS``), fixes by their summaries, never by the matrix's names."""
     rows = [
         c
         for c in cells
         if c.get("fix") in info.fixes and c["base"] == base.version
     ]
-    lines = []
     run = [c for c in rows if c["verdict"] != "n/a"]
-    if run:
-        several = len(info.fixes) > 1
+    if not run:
+        return []
+    summaries = summaries or {}
+    several = len(info.fixes) > 1
+    head = ["what it checks"] if several else []
+    lines = [
+        f"### Integration tests on {base.package} {base.version}",
+        "",
+        f"Integration tests of this change on {_where(run)}, without it "
+        "and with it (this PR applied together with the related "
+        "distributed-training PRs), in each setup they apply to, several "
+        "devices and processes included.",
+        "",
+        _row([*head, "backend", "setup", "without", "with", "result"]),
+        "|---" * (len(head) + 5) + "|",
+        *[_proof_row(c, several, summaries) for c in run],
+    ]
+    needs = sorted(
+        {n for c in run for n in c.get("stock_side", "stock").split("+")[1:]}
+    )
+    if needs:
+        named = "; ".join(summaries.get(n, n) for n in needs)
         lines += [
-            f"### Proof on keras {base.version} (stock vs the series)",
             "",
-            "Integration tests run on stock Keras and with the whole series "
-            "of the cover letter applied (this PR and the others); "
-            f"topologies: {TOPOLOGY_LEGEND}.",
-            "",
-            "| "
-            + ("fix | " if several else "")
-            + "backend | topology | stock | patched | verdict |",
-            "|---" * (6 if several else 5) + "|",
+            "\\*: without this change, but with what the test needs to "
+            f"reach the defect: {named}.",
         ]
+    if len(run) < len(rows):
         lines += [
-            "| "
-            + (f"{c['fix']} | " if several else "")
-            + f"{c['backend']} | {c['topology']} | {c['stock']} | "
-            f"{c['fork']} | {c['verdict']} |"
-            for c in run
+            "",
+            f"({len(rows) - len(run)} more backend and setup combinations "
+            "do not apply to this change.)",
         ]
-        if len(run) < len(rows):
-            lines += ["", f"({len(rows) - len(run)} more cells do not apply.)"]
-        lines.append("")
-    return lines
+    return [*lines, ""]
 
 
 # Paragraphs of a commit message that open a section of the PR body, by
@@ -367,13 +444,15 @@ def render_pr_body(
     cells: list[dict],
     issue: str = "",
     master: dict | None = None,
+    summaries: dict[str, str] | None = None,
 ) -> str:
     """Markdown PR body in Keras's template: the description (problem,
     change, issue line), the unit tests the patch adds, the proof cells of
-    its fix when a proof run exists (none: no proof section, and nothing
-    about proof in the cover letter), the disclosure of AI assistance that
-    Keras's contribution policy asks for, and the contributor agreement
-    (boxes left for the person who submits).
+    its fix when a proof run exists (none: no integration test section,
+    and nothing about it in the cover letter), the disclosure of AI
+    assistance that Keras's contribution policy asks for, and the
+    contributor agreement (boxes left for the person who submits, the
+    Google CLA among them).
 
     Args:
         info: the patch.
@@ -381,6 +460,8 @@ def render_pr_body(
         cells: ``dist/proof.json``'s cells (may be empty).
         issue: the patch's line from ``issue_lines``.
         master: the patch's ``pr-check`` row (``pr_check_rows``), or None.
+        summaries: ``fix_summaries``, to name the fixes of a patch that
+            carries several.
     """
     lines = ["## Description", "", *description_sections(info), ""]
     if issue:
@@ -389,8 +470,8 @@ def render_pr_body(
     tests = sorted(set(info.added_tests()), key=info.added_tests().index)
     lines += [f"- `{t}`" for t in tests] or ["- (this patch adds no unit test)"]
     lines.append("")
-    lines += _master_lines(master)
-    lines += _proof_lines(info, base, cells)
+    lines += _master_lines(master, base)
+    lines += _proof_lines(info, base, cells, summaries)
     return "\n".join(lines) + "\n" + AI_ASSISTANCE + "\n" + AGREEMENT
 
 
@@ -455,6 +536,7 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
     width = len(str(total))
     author = author_identity(layout.root)
     checked = pr_check_rows(layout, base)
+    summaries = fix_summaries(layout)
     for k, (f, info, issue) in enumerate(
         zip(patches, infos, issue_lines(infos), strict=True), start=1
     ):
@@ -469,7 +551,9 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
             text = re.sub(r"^From: .*$", f"From: {author}", text, 1, re.M)
         f.write_text(series.strip_fork_trailers(text))
         f.with_suffix(".md").write_text(
-            render_pr_body(info, base, cells, issue, checked.get(info.name))
+            render_pr_body(
+                info, base, cells, issue, checked.get(info.name), summaries
+            )
         )
     cover.write_text(_cover(base, infos, patches, author, bool(cells), width))
 
@@ -543,7 +627,7 @@ def _cover(base, infos, patches, author, proven: bool, width: int) -> str:
             for i, link in zip(infos, links, strict=True)
         ],
         "",
-        *(["proof: in each PR body", ""] if proven else []),
+        *(["Integration test results: in each PR body", ""] if proven else []),
         f"{(author or 'author not set').split(' <')[0]} ({total}):",
         *[f"  {i.subject}" for i in infos],
         "",
