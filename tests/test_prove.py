@@ -656,3 +656,27 @@ def test_a_failure_detail_with_brackets_prints_as_text():
     detail = "RuntimeError: [/__w/gloo/tcp/pair.cc:553] Connection closed"
     prove._print_run(console, "run", {"outcome": "fail"}, "(1.0s)", detail)
     assert detail in console.export_text()
+
+
+def test_trainer_test_runs_whole_on_jax_only_and_added_tests_elsewhere():
+    """The fork's unit runs: every test of the touched files, but for
+    ``runner.WHOLE_ON`` files on other backends, where only the added
+    tests run (as on stock)."""
+    from pathlib import Path
+
+    unit = groups.UnitTests(
+        (Path("t/trainer_test.py"), Path("t/layer_test.py")), ("test_new",)
+    )
+
+    def selection(backend, variant):
+        group = groups.Group("3.15.1", variant, backend, "unit", (), (unit,))
+        return runner._unit_selection(group)
+
+    assert selection("jax", "fork") == {}
+    assert selection("torch", "fork") == {
+        "PROOF_UNIT_TESTS": '["test_new"]',
+        "PROOF_UNIT_ADDED_ONLY": '["trainer_test.py"]',
+    }
+    assert selection("tensorflow", "stock") == {
+        "PROOF_UNIT_TESTS": '["test_new"]'
+    }

@@ -42,8 +42,10 @@ GRACE = 60.0
 
 UNIT_CONFTEST = """\
 # Written by keras_fork.proof.runner: check which keras the unit run imports
-# and, on stock, keep only the added tests (PROOF_UNIT_TESTS: a JSON list of
-# test function names; see selection.is_added_test).
+# and keep only the added tests (PROOF_UNIT_TESTS: a JSON list of test
+# function names; see selection.is_added_test) of every file on stock, of
+# the files PROOF_UNIT_ADDED_ONLY lists (a JSON list of file names) on the
+# fork.
 import json
 import os
 
@@ -56,10 +58,48 @@ def pytest_collection_modifyitems(config, items):
     if names is None:
         return
     names = set(json.loads(names))
-    keep = [i for i in items if is_added_test(i.name, names)]
+    only = os.environ.get("PROOF_UNIT_ADDED_ONLY")
+    only = None if only is None else set(json.loads(only))
+    keep = [
+        i
+        for i in items
+        if (only is not None and i.path.name not in only)
+        or is_added_test(i.name, names)
+    ]
     config.hook.pytest_deselected(items=[i for i in items if i not in keep])
     items[:] = keep
 """
+
+# Upstream test files whose whole run on the fork, the unit cells' check
+# that upstream's own tests still pass, is left to one backend: on the
+# others the fork runs the tests the patches add to them, as on stock.
+# trainer_test.py's whole run took 270 to 510 s on TensorFlow and about
+# 400 s on torch (half of it torch.compile cases) of 2-core CI time, 138 s
+# on JAX (docs/test-run.md). Its whole file still runs on JAX here, and on
+# every backend with ``python -m keras_fork regressions`` and ``bisect
+# --whole-files``.
+WHOLE_ON = {"trainer_test.py": ("jax",)}
+
+
+def _unit_selection(group: Group) -> dict[str, str]:
+    """The environment that picks a unit run's tests (``UNIT_CONFTEST``):
+    on stock the added tests of every file; on the fork every test, but
+    for the files of ``WHOLE_ON`` on other backends, where the added tests
+    only."""
+    names = json.dumps(list(group.unit.names))
+    if group.variant == "stock":
+        return {"PROOF_UNIT_TESTS": names}
+    only = sorted(
+        f.name
+        for f in group.unit.files
+        if f.name in WHOLE_ON and group.backend not in WHOLE_ON[f.name]
+    )
+    if not only:
+        return {}
+    return {
+        "PROOF_UNIT_TESTS": names,
+        "PROOF_UNIT_ADDED_ONLY": json.dumps(only),
+    }
 
 
 def _unit_workdir(workdir: Path, unit: UnitTests) -> None:
@@ -141,8 +181,8 @@ def run_group(
         PROOF_KERAS_VERSION=where.keras_version,
     )
     unit = group.unit
-    if unit is not None and group.variant == "stock":
-        env["PROOF_UNIT_TESTS"] = json.dumps(list(unit.names))
+    if unit is not None:
+        env.update(_unit_selection(group))
     cmd, cwd = _pytest_command(group, unit, where.fixes, junit, timeout)
     grace = GRACE if grace is None else grace
     start = time.monotonic()
