@@ -227,7 +227,8 @@ def test_the_tests_wheel_verifies_stock_and_fork_as_the_cells_say(tmp_path):
     3.15.1 wheel:
     ``python -m keras_fork_tests`` reports ``broken`` where the proof's
     stock side fails (a proven cell) and ``fixed`` where it passes (a
-    guard), then ``fixed`` everywhere on the fork."""
+    guard), then ``fixed`` everywhere on the fork; ``pytest --pyargs`` on
+    the installed package passes there too."""
     base = next(b for b in BASES if b.version == "3.15.1")
     (tests_wheel,) = LAYOUT.dist.glob("keras_fork_tests-*.whl")
     cells = {
@@ -252,6 +253,21 @@ def test_the_tests_wheel_verifies_stock_and_fork_as_the_cells_say(tmp_path):
     fork = _verify_jax_1(py, tmp_path / "fork")
     assert fork["keras"]["version"] == base.fork_version
     assert fork["status"] == dict.fromkeys(VERIFY_CELLS, "fixed")
+    # Plain pytest on the installed package, from an empty folder: its own
+    # conftest and markers, topology 1 by default.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(
+        KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES=""
+    )
+    package = "keras_fork_tests.fixes.seeded_shuffle"
+    out = subprocess.run(
+        [py, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", package],
+        cwd=tmp_path / "fork",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-3000:]
 
 
 def _verify_jax_1(py, cwd) -> dict:
