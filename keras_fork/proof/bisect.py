@@ -156,7 +156,9 @@ def prepare_prefix(
         ForkError: the prefix does not apply or does not build.
     """
     patches = series.read_series(layout, base)[:k]
-    scratch, tree = variants.materialize_subset(layout, base, patches, tmp)
+    scratch, tree = variants.materialize_subset(
+        layout, base, patches, tmp, source_only=False
+    )
     target = tmp / "site"
     runs = []
     # A keras-nightly tree has only the test files the series creates; its
@@ -467,6 +469,7 @@ def bisect_bases(layout, bases, args, console) -> list[str]:
             raise
     for version, n in lengths.items():
         console.print(
-            f"keras {version}: {n - 1} prefixes built, {ran[version]} test runs"
+            f"keras {version}: {n - 1} prefixes built or compiled, "
+            f"{ran[version]} test runs"
         )
     return bad
