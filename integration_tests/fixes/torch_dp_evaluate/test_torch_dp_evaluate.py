@@ -273,11 +273,12 @@ def _dp_even_runs(rank, world_size):
 def test_dp_even_evaluate_matches_one_process():
     """torch/dp-2: the built-in metrics' states are sums over samples, so
     the per-step sum over the processes gives one process's metrics; so
-    does a metric whose two states have ``aggregation="mean"`` (summed
-    too, their ratio is unchanged). Suspicion (a) of issue 39 is refuted
-    for every built-in metric here. rtol 1e-5: the processes' partial sums
-    are added in another order (float32), and AUC interpolates between
-    thresholds."""
+    does a metric whose two states have ``aggregation="mean"`` (summed on
+    stock, averaged with torch-metric-aggregation: their ratio is the
+    same). Suspicion (a) of issue 39 is refuted for every built-in metric
+    here (custom metrics: torch-metric-aggregation). rtol 1e-5: the
+    processes' partial sums are added in another order (float32), and AUC
+    interpolates between thresholds."""
     runs = workers.run_workers(
         f"{__name__}:_dp_even_runs", world_size=2, timeout=150
     )
