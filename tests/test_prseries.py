@@ -358,7 +358,7 @@ def test_master_pr_bodies_read_as_a_colleagues():
     layout = pins.Layout.default()
     (base,) = pins.select_bases(layout, [MASTER])
     infos = [series.parse_patch(p) for p in series.read_series(layout, base)]
-    assert len(infos) == 18
+    assert infos, "the master series is empty"
     cells, summaries = _master_matrix(layout), prseries.fix_summaries(layout)
     names = {c["topology"] for c in cells} - {"1", "8"}
     issues = prseries.issue_lines(infos)
