@@ -22,12 +22,10 @@ from __future__ import annotations
 import configparser
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from keras_fork.errors import ForkError
+from keras_fork.recipe import wheel
 from keras_fork.recipe.pins import REPO_ROOT
 from keras_fork.recipe.pins import Layout
 
@@ -106,42 +104,13 @@ def build(layout: Layout, outdir: Path | None = None) -> Path:
     Raises:
         ForkError: the build frontend failed, or built another name.
     """
-    layout.build.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SOURCE_DATE_EPOCH=str(EPOCH))
-    old_umask = os.umask(0o022)
-    try:
-        with tempfile.TemporaryDirectory(
-            dir=layout.build, prefix=".testswheel."
-        ) as tmp:
-            tmp = Path(tmp)
-            _stage(tmp / "src")
-            built = _frontend(tmp, env)
-            if built.name != wheel_name():
-                raise ForkError(f"built {built.name}, expected {wheel_name()}")
-            final = (outdir or layout.dist) / built.name
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(built, final)
-    finally:
-        os.umask(old_umask)
+    with wheel.reproducible_build(layout, ".testswheel.", EPOCH) as (tmp, env):
+        _stage(tmp / "src")
+        what = "building the tests wheel"
+        built = wheel.build_frontend(tmp / "src", tmp / "built", what, env)
+        if built.name != wheel_name():
+            raise ForkError(f"built {built.name}, expected {wheel_name()}")
+        final = (outdir or layout.dist) / built.name
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(built, final)
     return final
-
-
-def _frontend(tmp: Path, env) -> Path:
-    """Runs the ``build`` frontend (no isolation) on ``tmp/src``; returns
-    the wheel in ``tmp/built``."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "build",
-        "--wheel",
-        "--no-isolation",
-        "--outdir",
-        str(tmp / "built"),
-        str(tmp / "src"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
-        raise ForkError(f"building the tests wheel failed:\n{tail}")
-    (built,) = (tmp / "built").glob("*.whl")
-    return built

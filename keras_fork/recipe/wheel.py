@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -38,6 +39,42 @@ def _run(cmd: list[str], what: str, env=None, cwd=None) -> None:
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
         raise ForkError(f"{what} failed:\n{tail}")
+
+
+@contextlib.contextmanager
+def reproducible_build(layout: Layout, prefix: str, epoch: int):
+    """A scratch folder under ``build/`` (on ``dist/``'s file system, so
+    a finished wheel is renamed into place atomically) and the
+    environment of a reproducible build: ``SOURCE_DATE_EPOCH`` is
+    ``epoch`` and the umask 022 while it lasts.
+
+    Yields:
+        ``(folder, environment)``.
+    """
+    layout.build.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
+    old_umask = os.umask(0o022)
+    try:
+        with tempfile.TemporaryDirectory(dir=layout.build, prefix=prefix) as t:
+            yield Path(t), env
+    finally:
+        os.umask(old_umask)
+
+
+def build_frontend(src: Path, outdir: Path, what: str, env) -> Path:
+    """Builds the wheel of the project in ``src`` into ``outdir`` with the
+    standard ``build`` frontend, without build isolation.
+
+    Returns:
+        The wheel.
+
+    Raises:
+        ForkError: the frontend failed (``what`` names the build).
+    """
+    cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation"]
+    _run(cmd + ["--outdir", str(outdir), str(src)], what, env=env)
+    (built,) = outdir.glob("*.whl")
+    return built
 
 
 def _stage(tree: Path, dest: Path, base: Base) -> None:
@@ -118,21 +155,8 @@ def _build_unpacked(tree: Path, tmp: Path, base: Base, env) -> None:
     with the ``build`` frontend and unpacks it into ``tmp/unpacked``."""
     stage = tmp / "src"
     _stage(tree, stage, base)
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "build",
-            "--wheel",
-            "--no-isolation",
-            "--outdir",
-            str(tmp / "built"),
-            str(stage),
-        ],
-        f"building the wheel of base {base.version}",
-        env=env,
-    )
-    (built,) = (tmp / "built").glob("*.whl")
+    what = f"building the wheel of base {base.version}"
+    built = build_frontend(stage, tmp / "built", what, env)
     _run(
         [
             sys.executable,
@@ -199,25 +223,14 @@ def build(
     epoch = sdist_lib.source_date_epoch(layout.cache / base.sdist_name, base)
     manifest = patch_manifest(layout, base)
     layout.dist.mkdir(parents=True, exist_ok=True)
-    layout.build.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
-    old_umask = os.umask(0o022)
-    try:
-        with tempfile.TemporaryDirectory(
-            dir=layout.build, prefix=".wheel."
-        ) as tmp:
-            tmp = Path(tmp)
-            _build_unpacked(tree, tmp, base, env)
-            _add_manifest(tmp, base, manifest, env)
-            (packed,) = (tmp / "packed").glob("*.whl")
-            if packed.name != base.wheel_name:
-                raise ForkError(
-                    f"built {packed.name}, expected {base.wheel_name}"
-                )
-            # Same file system as dist/ (both in the checkout): the rename is
-            # atomic, dist/ never sees a partial wheel.
-            final = (outdir or layout.dist) / base.wheel_name
-            os.replace(packed, final)
-    finally:
-        os.umask(old_umask)
+    with reproducible_build(layout, ".wheel.", epoch) as (tmp, env):
+        _build_unpacked(tree, tmp, base, env)
+        _add_manifest(tmp, base, manifest, env)
+        (packed,) = (tmp / "packed").glob("*.whl")
+        if packed.name != base.wheel_name:
+            raise ForkError(f"built {packed.name}, expected {base.wheel_name}")
+        # Same file system as dist/ (both in the checkout): the rename is
+        # atomic, dist/ never sees a partial wheel.
+        final = (outdir or layout.dist) / base.wheel_name
+        os.replace(packed, final)
     return final
