@@ -220,6 +220,22 @@ def test_filters_that_match_select_those_cells_only():
     assert {c.backend for c in chosen} == {"jax", "torch"}
 
 
+def test_skip_topology_leaves_out_that_topology_only():
+    matrix = fixes.load_matrix(LAYOUT.fixes)
+    args = _filters(backend=["tensorflow"])
+    args.skip_topology = ["mirrored-4"]
+    chosen = fixes.select(matrix, args)
+    every = {c.topology for c in matrix if c.backend == "tensorflow"}
+    assert {c.topology for c in chosen} == every - {"mirrored-4"}
+    args.skip_topology = ["mirrored-5"]
+    with pytest.raises(ForkError, match="--skip-topology 'mirrored-5'"):
+        fixes.select(matrix, args)
+    both = _filters(topology=["mirrored-4"])
+    both.skip_topology = ["mirrored-4"]
+    with pytest.raises(ForkError, match="--skip-topology mirrored-4"):
+        fixes.select(matrix, both)
+
+
 def test_catalog_counts_a_problem_verdict_under_its_own_name():
     fix = next(
         f

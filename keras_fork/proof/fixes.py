@@ -155,7 +155,8 @@ FILTERS = ("base", "fix", "backend", "topology")
 
 def select(cells: list[Cell], args) -> list[Cell]:
     """Cells matching every given filter (``args.base``, ``.fix``,
-    ``.backend``, ``.topology``: each a list or None).
+    ``.backend``, ``.topology``: each a list or None), less those on a
+    topology of ``args.skip_topology`` (a list or None).
 
     Raises:
         ForkError: a filter value that no cell has (named, with the valid
@@ -166,13 +167,17 @@ def select(cells: list[Cell], args) -> list[Cell]:
     wanted = {name: getattr(args, name, None) or [] for name in FILTERS}
     for name, values in wanted.items():
         check_known(f"--{name}", values, {getattr(c, name) for c in cells})
+    skipped = getattr(args, "skip_topology", None) or []
+    check_known("--skip-topology", skipped, {c.topology for c in cells})
     chosen = [
         c
         for c in cells
         if all(getattr(c, n) in v for n, v in wanted.items() if v)
+        and c.topology not in skipped
     ]
     if not chosen:
-        raise ForkError(_no_match(cells, wanted))
+        skip = "".join(f" --skip-topology {t}" for t in skipped)
+        raise ForkError(_no_match(cells, wanted) + skip)
     return chosen
 
 

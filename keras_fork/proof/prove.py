@@ -473,6 +473,13 @@ def add_filters(p) -> None:
             "with the valid ones)",
         )
     p.add_argument(
+        "--skip-topology",
+        action="append",
+        metavar="TOPOLOGY",
+        help="leave out this topology's cells (repeatable); scripts/test "
+        "leaves out mirrored-4 (docs/test-run.md)",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         choices=VARIANTS,
