@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from keras_fork import cli
+from keras_fork.errors import ForkError
 from keras_fork.proof import fixes as fixes_lib
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
@@ -375,3 +376,57 @@ def test_master_pr_bodies_read_as_a_colleagues():
         assert "- [ ] I have signed the Google Contributor License" in body
     (first,) = [i for i in infos if "stateless_call" in i.subject]
     assert issues[infos.index(first)] == "Refs keras-team/keras#20378"
+
+
+def test_the_submission_order_numbers_the_prs_and_must_list_each_once(
+    upstream,
+):
+    layout, base, _ = upstream
+    folder = series.series_dir(layout, base)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("a.patch", "b.patch", "c.patch"):
+        (folder / name).write_text("")
+    (folder / series.ORDER_FILE).write_text("a.patch\nb.patch\nc.patch\n")
+    assert [p.name for p in series.read_submission(layout, base)] == [
+        "a.patch",
+        "b.patch",
+        "c.patch",
+    ]
+    order = folder / series.SUBMISSION_FILE
+    order.write_text("# sent first\nc.patch\na.patch\nb.patch\n")
+    assert [p.name for p in series.read_submission(layout, base)] == [
+        "c.patch",
+        "a.patch",
+        "b.patch",
+    ]
+    order.write_text("c.patch\nc.patch\nx.patch\n")
+    with pytest.raises(ForkError) as e:
+        series.read_submission(layout, base)
+    for problem in (
+        "not in .patches: x.patch",
+        "listed twice: c.patch",
+        "left out: a.patch",
+        "left out: b.patch",
+    ):
+        assert problem in str(e.value)
+
+
+def _words(text: str, n: int = 3) -> list[str]:
+    return re.sub(r"[`()]", " ", text).lower().split()[:n]
+
+
+def test_master_files_and_the_docs_table_follow_one_submission_order():
+    """File k of the master PR series is row k of docs/upstream.md's
+    submission table (issue 38: one numbering everywhere), and the first
+    PR is the shuffle regression's."""
+    layout = pins.Layout.default()
+    (base,) = pins.select_bases(layout, [MASTER])
+    order = series.read_submission(layout, base)
+    assert "shuffle" in order[0].name
+    docs = (layout.docs / "upstream.md").read_text()
+    table = docs.split("## The master PR series: submission order")[1]
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", table, re.M)
+    assert [int(k) for k, _ in rows] == list(range(1, len(order) + 1))
+    for (k, text), patch in zip(rows, order, strict=True):
+        subject = series.parse_patch(patch).subject
+        assert _words(text) == _words(subject), (k, text, subject)

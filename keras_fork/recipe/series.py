@@ -29,6 +29,9 @@ from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
 
 ORDER_FILE = ".patches"
+# The order in which a master series' PRs are sent upstream (issue 38), when
+# it differs from the order they apply in (``ORDER_FILE``, a rebase chain).
+SUBMISSION_FILE = ".submission"
 REPO_ONLY = "repo-only"
 PRISTINE_TAG = "pristine"
 # Trailers that describe the patch for the fork only (DEP-3 style); they are
@@ -270,6 +273,38 @@ def read_series(layout: Layout, base: Base) -> list[Path]:
         return _read_order(series_dir(layout, base), missing_ok=False)
     except ForkError as e:
         raise ForkError(f"base {base.version}: {e}") from None
+
+
+def read_submission(layout: Layout, base: Base) -> list[Path]:
+    """The patches of ``base``'s series in the order their PRs are sent
+    upstream: the order of ``.submission`` in the series folder, else the
+    series order (``read_series``). The PR series is numbered by it, so
+    that file ``0001`` is the first PR to send; every PR applies alone on
+    the pristine base (``not_alone``), so any order is one a maintainer
+    can merge in.
+
+    Raises:
+        ForkError: ``.submission`` lists a file that is not a patch of the
+            series, lists one twice, or leaves one out (each named).
+    """
+    chain = read_series(layout, base)
+    order = series_dir(layout, base) / SUBMISSION_FILE
+    if not order.is_file():
+        return chain
+    names = [
+        ln.strip()
+        for ln in order.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    known = {p.name: p for p in chain}
+    problems = [f"not in {ORDER_FILE}: {n}" for n in names if n not in known]
+    problems += [
+        f"listed twice: {n}" for n in sorted(set(names)) if names.count(n) > 1
+    ]
+    problems += [f"left out: {n}" for n in known if n not in names]
+    if problems:
+        raise ForkError(f"{order}: " + "; ".join(problems))
+    return [known[n] for n in names]
 
 
 def read_repo_only(layout: Layout, base: Base) -> list[Path]:
@@ -517,8 +552,10 @@ def export(tree: Path, out: Path, carry_tests: bool = False) -> list[str]:
     """Writes the commits of ``tree`` after ``pristine`` as a series folder.
 
     ``out`` gets one ``<subject-slug>.patch`` file a commit
-    (``patch_file_name``) and ``.patches``, the order. The folder is
-    replaced as a whole (written beside it, then renamed).
+    (``patch_file_name``) and ``.patches``, the order; its repo-only
+    patches and ``.submission`` are kept (``read_submission`` names a patch
+    it then leaves out). The folder is replaced as a whole (written beside
+    it, then renamed).
 
     With ``carry_tests`` (a base whose sdist has no test files, so its tree
     has none), each patch keeps the test hunks of the file of the same name
@@ -553,9 +590,12 @@ def export(tree: Path, out: Path, carry_tests: bool = False) -> list[str]:
         old = Path(tmp) / "old"
         if out.exists():
             out.rename(old)
-            # Repo-only patches are not in the tree: carry them over.
+            # Repo-only patches are not in the tree, nor is the submission
+            # order: carry them over.
             if (old / REPO_ONLY).is_dir():
                 (old / REPO_ONLY).rename(staged / REPO_ONLY)
+            if (old / SUBMISSION_FILE).is_file():
+                (old / SUBMISSION_FILE).rename(staged / SUBMISSION_FILE)
         staged.rename(out)
     return names
 

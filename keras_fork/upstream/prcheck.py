@@ -225,7 +225,7 @@ def main(args, layout: pins.Layout) -> int:
 
     base = pins.get_base(layout, args.base)
     backends = tuple(args.backend or BACKENDS)
-    patches = series.read_series(layout, base)
+    patches = series.read_submission(layout, base)
     rows = check(
         args.upstream_repo,
         args.rev,

@@ -498,7 +498,10 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
     Returns:
         ``into``.
     """
-    infos = [series.parse_patch(p) for p in series.read_series(layout, base)]
+    chain = series.read_series(layout, base)
+    if not base.sdist_tests:  # sent one PR at a time, in submission order
+        chain = series.read_submission(layout, base)
+    infos = [series.parse_patch(p) for p in chain]
     repo_only = series.read_repo_only(layout, base)
     cells = proof_cells(layout)
     into.mkdir()
@@ -507,7 +510,7 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
             files = series.format_patch(tree, into, PR_FLAGS)
         else:  # the tree lacks the test hunks: send the patches
             files = [into / "0000-cover-letter.patch"]
-            files += _copy_patches(into, series.read_series(layout, base), 0)
+            files += _copy_patches(into, chain, 0)
         files += _copy_patches(into, repo_only, len(infos))
         infos += [series.parse_patch(p) for p in repo_only]
         _finish(layout, base, files, infos, cells)
