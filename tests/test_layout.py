@@ -115,6 +115,15 @@ def test_fork_numbers_and_patch_counts_are_generated():
         assert not re.findall(r"\+fork\.\d+", rest)
 
 
+def test_the_master_pr_sizes_are_generated():
+    """docs/upstream.md's PR sizes come from the series (``fixes
+    --readme``), in submission order, so they cannot go stale."""
+    layout = pins.Layout.default()
+    upstream = (ROOT / "docs" / catalog.UPSTREAM_DOC).read_text()
+    table = _between(upstream, catalog.PR_SIZES_BEGIN, catalog.PR_SIZES_END)
+    assert table == "\n" + catalog.pr_sizes_table(layout)
+
+
 @pytest.mark.parametrize(
     "doc, markers",
     [

@@ -428,9 +428,21 @@ def test_master_files_and_the_docs_table_follow_one_submission_order():
     order = series.read_submission(layout, base)
     assert "shuffle" in order[0].name
     docs = (layout.docs / "upstream.md").read_text()
-    table = docs.split("## The master PR series: submission order")[1]
+    section = docs.split("## The master PR series: submission order")[1]
+    table = re.search(r"(?m)^\|.*\n(?:\|.*\n)*", section).group(0)
     rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", table, re.M)
     assert [int(k) for k, _ in rows] == list(range(1, len(order) + 1))
     for (k, text), patch in zip(rows, order, strict=True):
         subject = series.parse_patch(patch).subject
         assert _words(text) == _words(subject), (k, text, subject)
+
+
+def test_line_counts_split_keras_test_files_from_the_rest():
+    diff = (
+        "diff --git a/k/a.py b/k/a.py\n--- a/k/a.py\n+++ b/k/a.py\n"
+        "@@ -1,2 +1,3 @@\n x\n-y\n+y2\n+z\n"
+        "diff --git a/k/a_test.py b/k/a_test.py\n--- a/k/a_test.py\n"
+        "+++ b/k/a_test.py\n@@ -1 +1,2 @@\n t\n+u\n"
+    )
+    info = series.PatchInfo("p.patch", "S", "", {}, None, diff)
+    assert info.line_counts() == {"source": (2, 1), "tests": (1, 0)}

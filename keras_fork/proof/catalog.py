@@ -35,6 +35,9 @@ INSTALL_BEGIN = "<!-- install:begin -->"
 INSTALL_END = "<!-- install:end -->"
 SERIES_BEGIN = "<!-- series:begin -->"
 SERIES_END = "<!-- series:end -->"
+# docs/upstream.md's sizes of the master PRs, in submission order.
+PR_SIZES_BEGIN = "<!-- pr-sizes:begin -->"
+PR_SIZES_END = "<!-- pr-sizes:end -->"
 UPSTREAM_DOC = "upstream.md"
 COUNTED = ("proven", "guard", "n/a")
 
@@ -299,6 +302,31 @@ def series_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pr_sizes_table(layout: pins.Layout) -> str:
+    """docs/upstream.md's table of each PR's size (markdown), for every
+    base sent upstream one PR at a time (a nightly base: its sdist has no
+    tests, ``sdist_tests`` false), in submission order
+    (``series.read_submission``): source and test lines added and
+    removed (``PatchInfo.line_counts``)."""
+    lines = [
+        "| base | # | PR | source lines (+/-) | test lines (+/-) |",
+        "|---|---|---|---|---|",
+    ]
+    for base in pins.load_bases(layout).values():
+        if base.sdist_tests:
+            continue
+        order = series.read_submission(layout, base)
+        for k, patch in enumerate(order, start=1):
+            info = series.parse_patch(patch)
+            counts = info.line_counts()
+            src, tests = counts["source"], counts["tests"]
+            lines.append(
+                f"| {base.version} | {k} | {info.subject} "
+                f"| +{src[0]} -{src[1]} | +{tests[0]} -{tests[1]} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def write_readme(layout: pins.Layout) -> None:
     """Rewrites README.md's generated blocks (the fix table, the notices,
     the install commands) from the fix folders, with the declared cells,
@@ -311,6 +339,9 @@ def write_readme(layout: pins.Layout) -> None:
     replace_between(readme, INSTALL_BEGIN, INSTALL_END, install_block(bases))
     upstream = layout.docs / UPSTREAM_DOC
     replace_between(upstream, SERIES_BEGIN, SERIES_END, series_table(bases))
+    replace_between(
+        upstream, PR_SIZES_BEGIN, PR_SIZES_END, pr_sizes_table(layout)
+    )
 
 
 def add_arguments(p) -> None:

@@ -112,6 +112,23 @@ class PatchInfo:
     def fix(self) -> str | None:
         return self.trailers.get("Fork-Fix")
 
+    def line_counts(self) -> dict[str, tuple[int, int]]:
+        """Lines the diff adds and removes, ``{"source": (added,
+        removed), "tests": (added, removed)}``: test lines are those of
+        ``*_test.py`` files, the way Keras names its tests."""
+        counts = {"source": [0, 0], "tests": [0, 0]}
+        kind = "source"
+        for line in self.diff.splitlines():
+            if line.startswith("+++ ") or line.startswith("--- "):
+                if line.startswith("+++ "):
+                    kind = "tests" if line.endswith("_test.py") else "source"
+                continue
+            if line.startswith("+"):
+                counts[kind][0] += 1
+            elif line.startswith("-"):
+                counts[kind][1] += 1
+        return {k: (a, r) for k, (a, r) in counts.items()}
+
     @property
     def fixes(self) -> tuple[str, ...]:
         """The fix ids of the ``Fork-Fix:`` trailers: one a line, repeated
