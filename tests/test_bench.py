@@ -444,6 +444,7 @@ def test_the_gate_is_on_loopback_only():
         (["--aa", "--docs"], "does not go into docs/benchmarks.md"),
         (["--aa", "--readme"], "does not go into docs/benchmarks.md"),
         (["--aa", "--work"], "no A/A run"),
+        (["--alone"], "--alone counts collectives: it needs --work"),
         (["--case", "no such case"], "unknown --case 'no such case'; valid:"),
         (["--backend", "mxnet"], "unknown --backend 'mxnet'; valid: jax,"),
         (["--topology", "7"], "unknown --topology '7'; valid: 1, 8,"),
@@ -571,3 +572,33 @@ def test_a_run_measures_every_round_of_each_case(aa, monkeypatch):
     assert printed == [
         f"{MLP} (jax/1): {label} 1.500 [1.500, 1.500], rounds 1.500..1.500"
     ]
+
+
+def test_the_alone_table_has_a_row_a_pr_and_a_column_a_case():
+    def row(case, topology, k, before, after, error=None):
+        return {
+            "case": case,
+            "backend": "tensorflow",
+            "topology": topology,
+            "pr": k,
+            "patch": f"p{k}.patch",
+            "stock": before,
+            "alone": after,
+            "error": error,
+            "date": "2026-11-27",
+        }
+
+    two, four = {"step": 2, "eager": 0}, {"step": 4, "eager": 0.5}
+    doc = _doc(
+        [
+            row(MLP, "mirrored-2", 1, two, two),
+            row(MLP, "mirrored-2", 2, two, four),
+            row(MLP, "mirrored-2", 3, two, None, "does not apply"),
+            row(SHUFFLE, "1", 1, None, None),
+        ]
+    )
+    table = bench.render_alone_table(doc)
+    assert f"| PR | {MLP} (mirrored-2) | {SHUFFLE} (1) |" in table
+    assert "| 1 | 2 -> 2 (same) | not counted |" in table
+    assert "| 2 | 2 -> 4 + 0.5 | - |" in table
+    assert "| 3 | does not apply alone | - |" in table

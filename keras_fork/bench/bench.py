@@ -42,6 +42,7 @@ from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
+from keras_fork.recipe import series
 
 # How a run's timings were taken (``dist/bench.json``'s ``method``): rows of
 # runs taken otherwise do not merge with a new run's.
@@ -491,6 +492,9 @@ WORK_WORKLOADS = ("stateless_call", "fit_step", "ddp_step")
 WORK_EPOCHS = 4
 WORK_BEGIN = "<!-- bench-work:begin -->"
 WORK_END = "<!-- bench-work:end -->"
+# docs/upstream.md's collectives per step of each master PR alone.
+ALONE_BEGIN = "<!-- bench-alone:begin -->"
+ALONE_END = "<!-- bench-alone:end -->"
 
 
 def run_work(layout, base, accelerator, cases, console):
@@ -547,6 +551,113 @@ def run_work(layout, base, accelerator, cases, console):
         )
         rows.append(row)
     return _run_doc(base, accelerator, rows, rounds=1, work=True)
+
+
+def _alone_variants(layout, base, console):
+    """``[(k, patch name, keras folder or None, why not)]`` for each PR of
+    ``base`` in submission order (``series.read_submission``): the stock
+    sdist plus that PR's source alone (``variants.install_prerequisites``,
+    as ``stock+pr<k>``), or None with the reason where it does not apply
+    alone."""
+    out = []
+    for k, patch in enumerate(series.read_submission(layout, base), start=1):
+        try:
+            folder = variants.install_prerequisites(
+                layout, base, (f"pr{k}",), [patch]
+            )
+        except variants.PrerequisiteError as e:
+            out.append((k, patch.name, None, str(e)))
+            continue
+        console.print(f"PR {k} alone: {folder}")
+        out.append((k, patch.name, folder, None))
+    return out
+
+
+def _collectives(graph) -> dict | None:
+    """The collective counts of a worker's ``graph`` report: in the
+    compiled step, and the eager reductions a step runs outside it."""
+    if not graph or "collectives" not in graph:
+        return None
+    return {
+        "step": graph["collectives"],
+        "eager": graph.get("eager_per_step", 0),
+    }
+
+
+def run_alone(layout, base, accelerator, cases, console):
+    """Counts the collectives per step of each PR of ``base`` applied
+    alone to stock (issue 38: "count collectives per step on master,
+    with and without each PR alone"), for the step cases that report them
+    (TensorFlow's reductions while tracing, JAX's HLO collectives:
+    ``bench.worker``; torch reports none).
+
+    Returns:
+        The ``dist/bench-alone.json`` document: rows of ``case``,
+        ``backend``, ``topology``, ``pr`` (its number in submission
+        order), ``patch``, ``stock`` and ``alone`` (``{"step", "eager"}``
+        or None) and ``error`` (why the PR was not counted, or None).
+    """
+    stock = variants.install_variants(layout, base)["stock"]
+    overlay = variants.install_overlay(layout, base)
+    alone = _alone_variants(layout, base, console)
+    rows = []
+    for case, workload, backend, topology, opts in cases:
+        if workload not in WORK_WORKLOADS:
+            continue
+        opts = dict(opts, work=True)
+        if "epochs" in opts:
+            opts["epochs"] = WORK_EPOCHS
+        args = (overlay, workload, backend, topology, opts, accelerator)
+        before = _collectives(_run_worker(stock, *args)["graph"])
+        for k, name, folder, error in alone:
+            after = None
+            if folder is not None:
+                after = _collectives(_run_worker(folder, *args)["graph"])
+            row = {"case": case, "backend": backend, "topology": topology}
+            row.update(pr=k, patch=name, stock=before, alone=after)
+            rows.append(dict(row, error=error))
+            console.print(f"{case} ({backend}/{topology}) PR {k}: {after}")
+    return _run_doc(base, accelerator, rows, rounds=1, alone=True)
+
+
+def render_alone_table(doc) -> str:
+    """The docs/upstream.md table of a ``run_alone`` document: a row a
+    PR, a column a case, ``stock -> with the PR alone`` collectives per
+    step (eager reductions per step after a ``+``)."""
+    cases = list(
+        dict.fromkeys((r["case"], r["topology"]) for r in doc["cases"])
+    )
+    head = " | ".join(f"{c} ({t})" for c, t in cases)
+    lines = [
+        f"_keras {doc['base']}, {doc['machine']}, {_date_range(doc)}; "
+        "collectives per step, master -> master with the PR alone._",
+        "",
+        f"| PR | {head} |",
+        "|---|" + "---|" * len(cases),
+    ]
+    by_pr = {}
+    for r in doc["cases"]:
+        by_pr.setdefault(r["pr"], {})[(r["case"], r["topology"])] = r
+    for k, cells in sorted(by_pr.items()):
+        texts = [_alone_text(cells.get(c)) for c in cases]
+        lines.append(f"| {k} | " + " | ".join(texts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _alone_text(row) -> str:
+    if row is None:
+        return "-"
+    if row["error"]:
+        return "does not apply alone"
+    stock, alone = row["stock"], row["alone"]
+    if stock is None or alone is None:
+        return "not counted"
+
+    def one(c):
+        return f"{c['step']}" + (f" + {c['eager']:g}" if c["eager"] else "")
+
+    same = "" if one(stock) != one(alone) else " (same)"
+    return f"{one(stock)} -> {one(alone)}{same}"
 
 
 def _graph_text(row) -> str:
@@ -744,6 +855,13 @@ def add_arguments(p) -> None:
         help="count Python calls per step and compare the compiled steps "
         "instead of timing, into dist/bench-work.json",
     )
+    p.add_argument(
+        "--alone",
+        action="store_true",
+        help="with --work: count the collectives per step of each PR of the "
+        "series applied alone to stock, in submission order, into "
+        "dist/bench-alone.json (--docs: docs/upstream.md)",
+    )
 
 
 def _selected_cases(args):
@@ -760,6 +878,8 @@ def _selected_cases(args):
         )
     if args.aa and args.work:
         raise ForkError("--work counts, stock and fork once each: no A/A run")
+    if args.alone and not args.work:
+        raise ForkError("--alone counts collectives: it needs --work")
     check_known("--backend", args.backend, {c[2] for c in CASES})
     check_known("--topology", args.topology, {c[3] for c in CASES})
     names = {n for n in args.case or () if any(n in c[0] for c in CASES)}
@@ -775,7 +895,9 @@ def _measure_bases(args, layout, accelerator, cases, console):
     ``run``."""
     docs = []
     for b in pins.select_bases(layout, [args.base] if args.base else None):
-        if args.work:
+        if args.alone:
+            doc = run_alone(layout, b, accelerator, cases, console)
+        elif args.work:
             doc = run_work(layout, b, accelerator, cases, console)
         else:
             doc = run(
@@ -811,7 +933,11 @@ def main(args, layout: pins.Layout) -> int:
     from rich.console import Console
 
     cases = _selected_cases(args)
-    if args.work:
+    docs_file = DOCS_FILE
+    if args.alone:
+        name, render = "bench-alone.json", render_alone_table
+        markers, docs_file = (ALONE_BEGIN, ALONE_END), "upstream.md"
+    elif args.work:
         name, render = "bench-work.json", render_work_table
         markers = (WORK_BEGIN, WORK_END)
     else:
@@ -825,11 +951,11 @@ def main(args, layout: pins.Layout) -> int:
         cases = _with_enough_gpus(cases, console)
     docs = _measure_bases(args, layout, accelerator, cases, console)
     out = layout.dist / name
-    if args.case or args.backend or args.topology:
+    if (args.case or args.backend or args.topology) and not args.alone:
         docs = _merge_last_run(out, docs)
     write_atomic(out, json.dumps({"runs": docs}, indent=2) + "\n")
     table = "\n".join(render(d) for d in docs)
     print(table)
     if args.docs:
-        replace_between(layout.docs / DOCS_FILE, *markers, table)
+        replace_between(layout.docs / docs_file, *markers, table)
     return 0
