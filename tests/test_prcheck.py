@@ -1,5 +1,7 @@
 """pr-check: each PR alone on a Keras git checkout (a fake one here)."""
 
+import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,27 @@ def test_each_pr_applies_alone_and_runs_its_added_tests(tmp_path):
 def test_an_unknown_revision_is_a_clear_error(tmp_path):
     with pytest.raises(ForkError, match="revision v9"):
         prcheck.check(_repo(tmp_path), "v9", [], ("torch",))
+
+
+def test_pr_selects_by_name_or_submission_number(tmp_path):
+    patches = [tmp_path / f"{n}.patch" for n in ("a", "b", "c")]
+    assert prcheck.select_prs(patches, None) == patches
+    chosen = prcheck.select_prs(patches, ["c.patch", "1"])
+    assert chosen == [patches[0], patches[2]]
+    with pytest.raises(ForkError, match="unknown --pr '4'"):
+        prcheck.select_prs(patches, ["4"])
+
+
+def test_a_partial_run_keeps_the_other_prs_rows_of_the_same_checkout(
+    tmp_path,
+):
+    patches = [tmp_path / f"{n}.patch" for n in ("a", "b", "c")]
+    last = tmp_path / "pr-check.json"
+    old = [{"patch": f"{n}.patch", "verdict": "old"} for n in ("a", "b", "c")]
+    last.write_text(json.dumps({"rev": "m", "source": "base", "rows": old}))
+    args = argparse.Namespace(rev="m", source="base")
+    new = [{"patch": "b.patch", "verdict": "proven"}]
+    merged = prcheck._with_previous_rows(last, args, patches, new)
+    assert [r["verdict"] for r in merged] == ["old", "proven", "old"]
+    args = argparse.Namespace(rev="other", source="base")
+    assert prcheck._with_previous_rows(last, args, patches, new) == new

@@ -28,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+from keras_fork.errors import check_known
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import bisect
 from keras_fork.recipe import pins
@@ -211,6 +212,47 @@ def add_arguments(p) -> None:
         default=TIMEOUT,
         help=f"seconds a pytest run may take (default {TIMEOUT})",
     )
+    p.add_argument(
+        "--pr",
+        action="append",
+        help="only this PR: its patch file name or its number in submission "
+        "order (repeatable); the others keep their rows from the last "
+        "dist/pr-check-<V>.json of the same --rev and --source",
+    )
+
+
+def select_prs(patches: list[Path], wanted) -> list[Path]:
+    """The ``patches`` (in submission order) that ``wanted`` names, by
+    file name or by number (1 = the first to send); all when ``wanted``
+    is empty.
+
+    Raises:
+        ForkError: a name or number that is no PR of the series (named,
+            with the valid names).
+    """
+    if not wanted:
+        return patches
+    by_key = {p.name: p for p in patches}
+    by_key.update({str(k): p for k, p in enumerate(patches, start=1)})
+    check_known("--pr", wanted, by_key)
+    chosen = {by_key[w].name for w in wanted}
+    return [p for p in patches if p.name in chosen]
+
+
+def _with_previous_rows(path: Path, args, patches, rows) -> list[dict]:
+    """``rows`` (of the PRs checked now) with, for every other PR of
+    ``patches``, its row from the last run in ``path`` when that run used
+    the same revision and source, all in submission order."""
+    try:
+        last = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return rows
+    if (last.get("rev"), last.get("source")) != (args.rev, args.source):
+        return rows
+    mine = {r["patch"]: r for r in rows}
+    kept = {r["patch"]: r for r in last.get("rows", [])}
+    merged = [mine.get(p.name) or kept.get(p.name) for p in patches]
+    return [r for r in merged if r is not None]
 
 
 def main(args, layout: pins.Layout) -> int:
@@ -225,7 +267,8 @@ def main(args, layout: pins.Layout) -> int:
 
     base = pins.get_base(layout, args.base)
     backends = tuple(args.backend or BACKENDS)
-    patches = series.read_submission(layout, base)
+    every = series.read_submission(layout, base)
+    patches = select_prs(every, args.pr)
     rows = check(
         args.upstream_repo,
         args.rev,
@@ -235,6 +278,10 @@ def main(args, layout: pins.Layout) -> int:
         layout,
         base,
     )
+    out = layout.dist / f"pr-check-{base.version}.json"
+    checked = rows
+    if args.pr:
+        rows = _with_previous_rows(out, args, every, rows)
     where = (
         args.rev
         if args.source == "checkout"
@@ -243,7 +290,7 @@ def main(args, layout: pins.Layout) -> int:
     table = Table(title=f"each PR of {base.version} alone on {where}")
     for col in ("PR", "applies", *backends, "verdict"):
         table.add_column(col)
-    for r in rows:
+    for r in checked:
         applies = "yes" if r["applies"] else f"[red]no[/]: {r['error']}"
         cells = [
             f"{r.get('stock:' + b, '')} / {r.get(b, '')}"
@@ -254,7 +301,7 @@ def main(args, layout: pins.Layout) -> int:
         table.add_row(r["patch"], applies, *cells, r["verdict"])
     Console(highlight=False).print(table)
     write_atomic(
-        layout.dist / f"pr-check-{base.version}.json",
+        out,
         json.dumps(
             {"rev": args.rev, "source": args.source, "rows": rows}, indent=2
         )
@@ -264,5 +311,5 @@ def main(args, layout: pins.Layout) -> int:
         "each backend: the added tests on stock / with the PR; "
         "verdict: proven (fail on stock, pass with the PR)"
     )
-    bad = [r for r in rows if r["verdict"] != "proven"]
+    bad = [r for r in checked if r["verdict"] != "proven"]
     return 1 if bad else 0
