@@ -131,3 +131,22 @@ def test_a_partial_run_keeps_the_other_prs_rows_of_the_same_checkout(
     assert [r["verdict"] for r in merged] == ["old", "proven", "old"]
     args = argparse.Namespace(rev="other", source="base")
     assert prcheck._with_previous_rows(last, args, patches, new) == new
+
+
+def test_a_pass_that_selects_no_test_does_not_fail_the_pr(monkeypatch):
+    """Keras's 8-device pass (``-m multi_device``) of a test file whose
+    added tests are not ``multi_device`` selects none of them: pytest
+    exits 5 there, which says nothing about the PR."""
+    passes = [("jax", {}, []), ("jax, 8 devices", {}, ["-m", "x"])]
+    monkeypatch.setattr(prcheck.bisect, "_passes", lambda *a: passes)
+    monkeypatch.setattr(
+        prcheck.bisect, "touched_test_files", lambda p: ["k/a_test.py"]
+    )
+    monkeypatch.setattr(prcheck.bisect, "added_test_selection", lambda *a: "t")
+    outcomes = iter([(0, "1 passed in 1s"), (5, "1 deselected in 0s")])
+    monkeypatch.setattr(prcheck.bisect, "_pytest", lambda *a: next(outcomes))
+    out = prcheck.run_tests(Path("."), Path("p.patch"), ("jax",))
+    assert out["jax"] == "pass"
+    outcomes = iter([(5, "1 deselected"), (5, "1 deselected")])
+    out = prcheck.run_tests(Path("."), Path("p.patch"), ("jax",))
+    assert out["jax"] == "-"
