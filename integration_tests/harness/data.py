@@ -1,7 +1,10 @@
 """Data helpers of the proof tests: each process's part of the global
-batches, and the custom torch training loop of Keras's DDP guide."""
+batches, a dataset whose rows say where they come from, and the custom
+torch training loop of Keras's DDP guide."""
 
 from __future__ import annotations
+
+import functools
 
 
 def local_part(array, rank: int, world_size: int, global_batch: int):
@@ -105,3 +108,49 @@ def torch_train(
                 v.value.grad = None
         if on_epoch_end is not None:
             on_epoch_end(epoch)
+
+
+def index_rows(num_batches, batch_size, first=0, targets=False):
+    """A ``keras.utils.PyDataset`` whose rows say which they are: batch
+    ``i`` holds rows ``first + i * batch_size`` to ``first + (i + 1) *
+    batch_size - 1``, each the float32 value of its index, shape
+    ``(batch_size, 1)``; with ``targets``, ``(x, zeros)``. Auto-sharded
+    over processes, each process's output then shows which batches it
+    read (the data-parallel ``predict`` and ``evaluate`` fixes).
+
+    Args:
+        num_batches: ``len()`` of the dataset.
+        batch_size: rows per batch.
+        first: the index of the first row.
+        targets: also yield targets of zero.
+    """
+    return _index_rows_class()(num_batches, batch_size, first, targets)
+
+
+@functools.cache
+def _index_rows_class():
+    """The ``PyDataset`` class of ``index_rows``, made once keras is
+    imported (the harness imports no backend at module level)."""
+    import keras
+    import numpy as np
+
+    class IndexRows(keras.utils.PyDataset):
+        def __init__(self, num_batches, batch_size, first, targets):
+            super().__init__()
+            # Not `num_batches`: `PyDataset` has a read-only property so
+            # named.
+            self.batches = num_batches
+            self.rows = batch_size
+            self.first = first
+            self.targets = targets
+
+        def __len__(self):
+            return self.batches
+
+        def __getitem__(self, i):
+            start = self.first + i * self.rows
+            x = np.arange(start, start + self.rows, dtype="float32")
+            x = x[:, None]
+            return (x, np.zeros_like(x)) if self.targets else x
+
+    return IndexRows

@@ -21,10 +21,13 @@ Guard: one process (``jax/1``) returns every row, with and without
 ``DataParallel``; the fork adds no collective there.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
 
+from ...harness import data
 from ...harness import devices
 from ...harness import workers
 
@@ -32,19 +35,7 @@ pytestmark = pytest.mark.fix("jax-dp-predict")
 BATCH = 2
 
 
-class Rows(keras.utils.PyDataset):
-    """``num_batches`` batches of ``BATCH`` rows; row ``i`` holds ``i``."""
-
-    def __init__(self, num_batches):
-        super().__init__()
-        self.batches = num_batches
-
-    def __len__(self):
-        return self.batches
-
-    def __getitem__(self, i):
-        start = i * BATCH
-        return np.arange(start, start + BATCH, dtype="float32")[:, None]
+Rows = functools.partial(data.index_rows, batch_size=BATCH)
 
 
 def _identity_model(steps_per_execution):

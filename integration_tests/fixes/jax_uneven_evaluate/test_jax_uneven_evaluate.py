@@ -18,10 +18,13 @@ Guard: one process (``jax/1``) evaluates every batch, with and without
 ``DataParallel``; the fork adds no collective there.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
 
+from ...harness import data
 from ...harness import devices
 from ...harness import workers
 
@@ -29,20 +32,7 @@ pytestmark = pytest.mark.fix("jax-uneven-evaluate")
 BATCH = 2
 
 
-class Rows(keras.utils.PyDataset):
-    """``num_batches`` batches of ``BATCH`` rows (row ``i`` holds ``i``)
-    with targets of zero."""
-
-    def __init__(self, num_batches):
-        super().__init__()
-        self.batches = num_batches
-
-    def __len__(self):
-        return self.batches
-
-    def __getitem__(self, i):
-        x = np.arange(i * BATCH, (i + 1) * BATCH, dtype="float32")[:, None]
-        return x, np.zeros_like(x)
+Rows = functools.partial(data.index_rows, batch_size=BATCH, targets=True)
 
 
 def _identity_model():

@@ -28,12 +28,14 @@ auto-sharding; a ``DataLoader`` under a bare process group is not
 re-sampled (no padded duplicates); one process evaluates every batch.
 """
 
+import functools
 import time
 
 import keras
 import numpy as np
 import pytest
 
+from ...harness import data
 from ...harness import devices
 from ...harness import workers
 
@@ -45,20 +47,7 @@ LIMIT_S = 60
 ALL_ROWS = {"loss": 4.5, "mse": 28.5}
 
 
-class Rows(keras.utils.PyDataset):
-    """``num_batches`` batches of ``BATCH`` rows, row ``i`` holding ``i``,
-    target 0."""
-
-    def __init__(self, num_batches):
-        super().__init__()
-        self.batches = num_batches
-
-    def __len__(self):
-        return self.batches
-
-    def __getitem__(self, i):
-        x = np.arange(i * BATCH, (i + 1) * BATCH, dtype="float32")[:, None]
-        return x, np.zeros_like(x)
+Rows = functools.partial(data.index_rows, batch_size=BATCH, targets=True)
 
 
 class CustomTestStep(keras.Sequential):

@@ -21,10 +21,13 @@ process feeds its own data and predicts its own rows, which the fork
 leaves alone; one process (``torch/1``) returns every row.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
 
+from ...harness import data
 from ...harness import devices
 from ...harness import workers
 
@@ -32,21 +35,7 @@ pytestmark = pytest.mark.fix("torch-dp-predict")
 BATCH = 2
 
 
-class Rows(keras.utils.PyDataset):
-    """``num_batches`` batches of ``BATCH`` rows; row ``i`` holds
-    ``first + i``."""
-
-    def __init__(self, num_batches, first=0):
-        super().__init__()
-        self.batches = num_batches
-        self.first = first
-
-    def __len__(self):
-        return self.batches
-
-    def __getitem__(self, i):
-        start = self.first + i * BATCH
-        return np.arange(start, start + BATCH, dtype="float32")[:, None]
+Rows = functools.partial(data.index_rows, batch_size=BATCH)
 
 
 def _identity_model(steps_per_execution):
