@@ -154,3 +154,31 @@ def _index_rows_class():
             return (x, np.zeros_like(x)) if self.targets else x
 
     return IndexRows
+
+
+def identity_predictions(x, steps_per_execution=1, steps=None):
+    """What ``predict`` returns for ``x`` (e.g. ``index_rows``) from a
+    model whose two outputs are its input row and twice it (exact in
+    float32): the first output's rows as a list, after checking the second
+    against it; or the exception, as ``"<type>: <message>"``, where
+    ``predict`` raises (what stock does in some data-parallel setups).
+
+    Args:
+        x: the input, rows of shape ``(1,)``.
+        steps_per_execution: passed to ``compile``.
+        steps: passed to ``predict``.
+    """
+    import keras
+    import numpy as np
+
+    inputs = keras.Input((1,))
+    ones = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    model = keras.Model(inputs, [ones(inputs), 2.0 * ones(inputs)])
+    model.compile(steps_per_execution=steps_per_execution)
+    try:
+        first, second = model.predict(x, steps=steps, verbose=0)
+    except Exception as e:  # noqa: BLE001 (the outcome under test)
+        return f"{type(e).__name__}: {e}"
+    if not np.array_equal(second, 2.0 * first):
+        return f"the outputs disagree: {first.tolist()} {second.tolist()}"
+    return first[:, 0].tolist()

@@ -497,6 +497,19 @@ ALONE_BEGIN = "<!-- bench-alone:begin -->"
 ALONE_END = "<!-- bench-alone:end -->"
 
 
+def _work_cases(cases):
+    """The ``cases`` whose work ``run_work`` can count (``WORK_WORKLOADS``),
+    each with its options set to count: ``work=True``, and
+    ``WORK_EPOCHS`` epochs where it has epochs."""
+    for case, workload, backend, topology, opts in cases:
+        if workload not in WORK_WORKLOADS:
+            continue
+        opts = dict(opts, work=True)
+        if "epochs" in opts:
+            opts["epochs"] = WORK_EPOCHS
+        yield case, workload, backend, topology, opts
+
+
 def run_work(layout, base, accelerator, cases, console):
     """Counts the work per step of each step case, stock and fork.
 
@@ -523,12 +536,7 @@ def run_work(layout, base, accelerator, cases, console):
     dirs = dict(variants.install_variants(layout, base))
     overlay = variants.install_overlay(layout, base)
     rows = []
-    for case, workload, backend, topology, opts in cases:
-        if workload not in WORK_WORKLOADS:
-            continue
-        opts = dict(opts, work=True)
-        if "epochs" in opts:
-            opts["epochs"] = WORK_EPOCHS
+    for case, workload, backend, topology, opts in _work_cases(cases):
         row = {"case": case, "backend": backend, "topology": topology}
         for variant in ("stock", "fork"):
             result = _run_worker(
@@ -601,12 +609,7 @@ def run_alone(layout, base, accelerator, cases, console):
     overlay = variants.install_overlay(layout, base)
     alone = _alone_variants(layout, base, console)
     rows = []
-    for case, workload, backend, topology, opts in cases:
-        if workload not in WORK_WORKLOADS:
-            continue
-        opts = dict(opts, work=True)
-        if "epochs" in opts:
-            opts["epochs"] = WORK_EPOCHS
+    for case, workload, backend, topology, opts in _work_cases(cases):
         args = (overlay, workload, backend, topology, opts, accelerator)
         before = _collectives(_run_worker(stock, *args)["graph"])
         for k, name, folder, error in alone:

@@ -23,7 +23,6 @@ leaves alone; one process (``torch/1``) returns every row.
 
 import functools
 
-import keras
 import numpy as np
 import pytest
 
@@ -38,25 +37,7 @@ BATCH = 2
 Rows = functools.partial(data.index_rows, batch_size=BATCH)
 
 
-def _identity_model(steps_per_execution):
-    """Two outputs: the input row and twice the input row (exact)."""
-    inputs = keras.Input((1,))
-    ones = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
-    model = keras.Model(inputs, [ones(inputs), 2.0 * ones(inputs)])
-    model.compile(steps_per_execution=steps_per_execution)
-    return model
-
-
-def _predict(x, steps_per_execution):
-    """The first output's rows (and a check of the second), or the error."""
-    model = _identity_model(steps_per_execution)
-    try:
-        first, second = model.predict(x, verbose=0)
-    except Exception as e:  # stock fails in a process without batches
-        return f"{type(e).__name__}: {e}"
-    if not np.array_equal(second, 2.0 * first):
-        return f"the outputs disagree: {first.tolist()} {second.tolist()}"
-    return first[:, 0].tolist()
+_predict = data.identity_predictions
 
 
 # Batch counts: odd (3 and 2 batches), even (2 and 2), one (1 and 0).
