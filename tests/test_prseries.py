@@ -437,12 +437,13 @@ def test_master_files_and_the_docs_table_follow_one_submission_order():
         assert _words(text) == _words(subject), (k, text, subject)
 
 
-def test_line_counts_split_keras_test_files_from_the_rest():
+def test_line_counts_split_keras_test_files_from_the_rest(tmp_path):
     diff = (
         "diff --git a/k/a.py b/k/a.py\n--- a/k/a.py\n+++ b/k/a.py\n"
         "@@ -1,2 +1,3 @@\n x\n-y\n+y2\n+z\n"
         "diff --git a/k/a_test.py b/k/a_test.py\n--- a/k/a_test.py\n"
         "+++ b/k/a_test.py\n@@ -1 +1,2 @@\n t\n+u\n"
     )
-    info = series.PatchInfo("p.patch", "S", "", {}, None, diff)
-    assert info.line_counts() == {"source": (2, 1), "tests": (1, 0)}
+    patch = tmp_path / "p.patch"
+    patch.write_text(diff)
+    assert series.line_counts(patch) == {"source": (2, 1), "tests": (1, 0)}

@@ -659,8 +659,8 @@ def _alone_text(row) -> str:
     def one(c):
         return f"{c['step']}" + (f" + {c['eager']:g}" if c["eager"] else "")
 
-    same = "" if one(stock) != one(alone) else " (same)"
-    return f"{one(stock)} -> {one(alone)}{same}"
+    before, after = one(stock), one(alone)
+    return f"{before} -> {after}" + (" (same)" if before == after else "")
 
 
 def _graph_text(row) -> str:

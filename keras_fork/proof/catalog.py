@@ -307,7 +307,7 @@ def pr_sizes_table(layout: pins.Layout) -> str:
     base sent upstream one PR at a time (a nightly base: its sdist has no
     tests, ``sdist_tests`` false), in submission order
     (``series.read_submission``): source and test lines added and
-    removed (``PatchInfo.line_counts``)."""
+    removed (``series.line_counts``)."""
     lines = [
         "| base | # | PR | source lines (+/-) | test lines (+/-) |",
         "|---|---|---|---|---|",
@@ -317,11 +317,11 @@ def pr_sizes_table(layout: pins.Layout) -> str:
             continue
         order = series.read_submission(layout, base)
         for k, patch in enumerate(order, start=1):
-            info = series.parse_patch(patch)
-            counts = info.line_counts()
+            subject = series.parse_patch(patch).subject
+            counts = series.line_counts(patch)
             src, tests = counts["source"], counts["tests"]
             lines.append(
-                f"| {base.version} | {k} | {info.subject} "
+                f"| {base.version} | {k} | {subject} "
                 f"| +{src[0]} -{src[1]} | +{tests[0]} -{tests[1]} |"
             )
     return "\n".join(lines) + "\n"

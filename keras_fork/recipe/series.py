@@ -112,23 +112,6 @@ class PatchInfo:
     def fix(self) -> str | None:
         return self.trailers.get("Fork-Fix")
 
-    def line_counts(self) -> dict[str, tuple[int, int]]:
-        """Lines the diff adds and removes, ``{"source": (added,
-        removed), "tests": (added, removed)}``: test lines are those of
-        ``*_test.py`` files, the way Keras names its tests."""
-        counts = {"source": [0, 0], "tests": [0, 0]}
-        kind = "source"
-        for line in self.diff.splitlines():
-            if line.startswith("+++ ") or line.startswith("--- "):
-                if line.startswith("+++ "):
-                    kind = "tests" if line.endswith("_test.py") else "source"
-                continue
-            if line.startswith("+"):
-                counts[kind][0] += 1
-            elif line.startswith("-"):
-                counts[kind][1] += 1
-        return {k: (a, r) for k, (a, r) in counts.items()}
-
     @property
     def fixes(self) -> tuple[str, ...]:
         """The fix ids of the ``Fork-Fix:`` trailers: one a line, repeated
@@ -248,6 +231,48 @@ def series_dir(layout: Layout, base: Base) -> Path:
     return layout.patches / base.version
 
 
+def _listed_names(order: Path) -> list[str]:
+    """The patch file names an order file (``.patches``, ``.submission``)
+    lists, one a line; blank lines and ``#`` comments left out."""
+    return [
+        ln.strip()
+        for ln in order.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+
+
+def numstat(patch: Path) -> dict[str, tuple[int, int]]:
+    """``{path: (lines added, lines removed)}`` of each file ``patch``
+    changes, from ``git apply --numstat`` (no repository needed; a binary
+    file counts 0)."""
+    out = subprocess.run(
+        ["git", "apply", "--numstat", str(patch)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    counts = {}
+    for line in out.splitlines():
+        plus, minus, path = line.split("\t", 2)
+        counts[path] = (
+            int(plus) if plus.isdigit() else 0,
+            int(minus) if minus.isdigit() else 0,
+        )
+    return counts
+
+
+def line_counts(patch: Path) -> dict[str, tuple[int, int]]:
+    """Lines ``patch`` adds and removes, ``{"source": (added, removed),
+    "tests": (added, removed)}``: test lines are those of ``*_test.py``
+    files, the way Keras names its tests (``numstat``)."""
+    counts = {"source": [0, 0], "tests": [0, 0]}
+    for path, (added, removed) in numstat(patch).items():
+        kind = "tests" if path.endswith("_test.py") else "source"
+        counts[kind][0] += added
+        counts[kind][1] += removed
+    return {k: (a, r) for k, (a, r) in counts.items()}
+
+
 def _read_order(folder: Path, missing_ok: bool) -> list[Path]:
     """The ``*.patch`` files of ``folder`` in the order of its ``.patches``.
 
@@ -263,11 +288,7 @@ def _read_order(folder: Path, missing_ok: bool) -> list[Path]:
             f"no series: create {order} (one patch file name a line; it may "
             "be empty)"
         )
-    names = [
-        ln.strip()
-        for ln in order.read_text().splitlines()
-        if ln.strip() and not ln.startswith("#")
-    ]
+    names = _listed_names(order)
     missing = [n for n in names if not (folder / n).is_file()]
     if missing:
         raise ForkError(f"{order} lists missing patches: {', '.join(missing)}")
@@ -308,11 +329,7 @@ def read_submission(layout: Layout, base: Base) -> list[Path]:
     order = series_dir(layout, base) / SUBMISSION_FILE
     if not order.is_file():
         return chain
-    names = [
-        ln.strip()
-        for ln in order.read_text().splitlines()
-        if ln.strip() and not ln.startswith("#")
-    ]
+    names = _listed_names(order)
     known = {p.name: p for p in chain}
     problems = [f"not in {ORDER_FILE}: {n}" for n in names if n not in known]
     problems += [

@@ -498,8 +498,9 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
     Returns:
         ``into``.
     """
-    chain = series.read_series(layout, base)
-    if not base.sdist_tests:  # sent one PR at a time, in submission order
+    if base.sdist_tests:
+        chain = series.read_series(layout, base)
+    else:  # sent one PR at a time, in submission order
         chain = series.read_submission(layout, base)
     infos = [series.parse_patch(p) for p in chain]
     repo_only = series.read_repo_only(layout, base)
@@ -583,17 +584,10 @@ def diffstat(patches: list[Path]) -> str:
     ``git apply --numstat``, which needs no repository)."""
     added: dict[str, list[int]] = {}
     for patch in patches:
-        out = subprocess.run(
-            ["git", "apply", "--numstat", str(patch)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        for line in out.splitlines():
-            plus, minus, path = line.split("\t", 2)
+        for path, (plus, minus) in series.numstat(patch).items():
             row = added.setdefault(path, [0, 0])
-            row[0] += int(plus) if plus.isdigit() else 0
-            row[1] += int(minus) if minus.isdigit() else 0
+            row[0] += plus
+            row[1] += minus
     width = max((len(p) for p in added), default=0)
     lines = [
         f" {p:<{width}} | {a + d:5d} (+{a} -{d})"
