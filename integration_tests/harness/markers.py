@@ -47,7 +47,7 @@ NOT_APPLICABLE = "not applicable on this topology"
 # The order in which a test's unmet markers give its reason.
 CATEGORIES = (WRONG_BACKEND, TOO_FEW_DEVICES, NOT_APPLICABLE)
 MARKERS = (
-    "fix(name, role=, guard_on=, guard_since=): the fix "
+    "fix(name, role=, guard_on=, guard_since=, absent_since=): the fix "
     "(fixes/<id>/fix.toml) a proof test proves (harness.selection)",
     "topology(*names, exclude=, backend=, multi_process=, multi_replica=, "
     "strategy=, reason=): the topologies a test runs on; elsewhere it is "

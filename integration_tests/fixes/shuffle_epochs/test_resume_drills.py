@@ -26,9 +26,14 @@ import pytest
 
 from ...harness import devices
 from ...harness import workers
+from .test_shuffle_epochs import TF_DATA_RESUME_ABSENT
 
 pytestmark = [
-    pytest.mark.fix("shuffle-epochs", guard_on=("tensorflow",)),
+    pytest.mark.fix(
+        "shuffle-epochs",
+        guard_on=("tensorflow",),
+        absent_since=TF_DATA_RESUME_ABSENT,
+    ),
     pytest.mark.topology(
         multi_process=False,
         reason="drills restart one process; not a multi-process test",

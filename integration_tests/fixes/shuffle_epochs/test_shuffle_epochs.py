@@ -17,6 +17,20 @@ BACKEND = keras.backend.backend()
 NUM_SAMPLES = 64
 GLOBAL_BATCH = 16  # divisible by every replica count (1, 2, 8)
 
+# The master series reshuffles the tf.data path of arrays from the dataset's
+# own iterations (tf.data.Dataset.random), with no per-epoch state in the
+# pipeline: a resumed fit() there does not replay the uninterrupted run's
+# orders, a design question left to docs/upstream.md ("For PR 23"). The
+# 3.15.1 wheel reads the absolute epoch there and is checked as before.
+TF_DATA_RESUME_ABSENT = {
+    "tensorflow": (
+        "3.16.0.dev0",
+        "a resumed fit() on the tf.data path of arrays is not in the master "
+        "series (per-epoch state in the pipeline: design issue for PR 23, "
+        "docs/upstream.md)",
+    )
+}
+
 
 class Recorder(keras.layers.Layer):
     """Records the sample ids (feature 0) each replica sees, in eager mode.
@@ -96,7 +110,11 @@ def _weights(model):
     return np.concatenate([np.ravel(w) for w in model.get_weights()])
 
 
-@pytest.mark.fix("shuffle-epochs", guard_on=("tensorflow",))
+@pytest.mark.fix(
+    "shuffle-epochs",
+    guard_on=("tensorflow",),
+    absent_since=TF_DATA_RESUME_ABSENT,
+)
 def test_resume_from_saved_model_equals_uninterrupted_run(topology, tmp_path):
     """fit(4 epochs) == fit(2) + save .keras + load + fit(initial_epoch=2).
 
