@@ -305,9 +305,30 @@ def _compile_fit_outside_model(topology, lazy, compile_inside):
     return model, refused.value
 
 
+# The master PR refuses `fit()` only for a model whose variables were
+# created outside of the strategy (master trains some models without
+# variables yet, e.g. subclassed ones); a lazy model is left to fail as on
+# master there. The 3.15.1 wheel refuses it at `compile()`.
+_LAZY_REFUSED = pytest.mark.fix(
+    "strategy-scope",
+    absent_since={
+        "tensorflow": (
+            "3.16.0.dev0",
+            "the master PR refuses only a model whose variables were "
+            "created outside of the strategy; a lazy model fails as on "
+            "master (docs/upstream.md, self-review of PR 13)",
+        )
+    },
+)
+
+
 @pytest.mark.parametrize(
     "lazy, compile_inside",
-    [(False, False), (True, False), (True, True)],
+    [
+        (False, False),
+        pytest.param(True, False, marks=_LAZY_REFUSED),
+        pytest.param(True, True, marks=_LAZY_REFUSED),
+    ],
     ids=["compile_outside", "lazy_compile_outside", "lazy_compile_inside"],
 )
 @NEEDS_STRATEGY
