@@ -17,6 +17,8 @@ import os
 
 import pytest
 
+from .markers import NOT_ON_BASE
+
 ROLES = ("proof", "guard")
 ENV = "PROOF_FIX"
 
@@ -60,7 +62,7 @@ def absent_reason(item) -> str | None:
     ``absent_since={"<backend>": ("V", "why")}``: from base V on, on that
     backend, the fork does not carry what the test checks (e.g. the master
     series leaves it to a design issue), so the case is skipped at
-    collection, "not applicable on this base: why", rather than reported
+    collection (``markers.NOT_ON_BASE``: why) rather than reported
     broken; a fix's other tests still decide its cell. Without
     ``PROOF_BASE`` (a plain ``pytest`` run) the test runs.
     """
@@ -103,9 +105,7 @@ def pytest_collection_modifyitems(config, items):
         record_properties(item)
         why = absent_reason(item)
         if why:
-            item.add_marker(
-                pytest.mark.skip(reason=f"not applicable on this base: {why}")
-            )
+            item.add_marker(pytest.mark.skip(reason=f"{NOT_ON_BASE}: {why}"))
 
 
 def record_properties(item) -> None:

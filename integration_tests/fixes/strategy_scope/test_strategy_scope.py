@@ -19,7 +19,8 @@ The fork: a model belongs to the strategy in scope when it is created, and
 a model built lazily outside of the scope builds under it, so
 ``compile``/``fit``/``evaluate``/``predict``/saving give the same
 trajectory inside or outside of the scope. A model created outside of the
-active scope, and ``jit_compile=True`` with several replicas on the CPU
+active scope (on master: one whose variables were created outside of the
+strategy), and ``jit_compile=True`` with several replicas on the CPU
 devices of one process (where its failure is shown; not on GPUs, see
 docs/gpu.md) raise a ``ValueError`` that names the cause and the fix
 before any step. An unbuilt optimizer created outside of the scope: the
