@@ -116,6 +116,23 @@ def _jax_data_parallel():
         distribution.set_distribution(previous)
 
 
+def one_replica_strategy():
+    """A ``tf.distribute.MirroredStrategy`` over this process's first device.
+
+    The first GPU when the tests run on GPUs, else ``/cpu:0``: the device a
+    run without a strategy places its ops on. It trains as one device (its
+    cross-replica reductions are identities) while ``fit()`` takes the code
+    paths of a strategy, e.g. the symbolic build that draws one batch first.
+    """
+    import tensorflow as tf
+
+    device = "/cpu:0"
+    if on_gpu():
+        gpus = tf.config.list_logical_devices("GPU")
+        device = gpus[0].name if gpus else device
+    return tf.distribute.MirroredStrategy([device])
+
+
 def multi_worker_strategy(rank: int):
     """In a ``multiworker-2`` worker: TF_CONFIG for ``rank``, the strategy.
 
