@@ -2,6 +2,7 @@
 its work counts on the fork."""
 
 import os
+import pathlib
 import select
 import statistics
 import sys
@@ -13,6 +14,7 @@ from packaging.version import Version
 
 from keras_fork import cli
 from keras_fork.bench import bench
+from keras_fork.errors import ForkError
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
 
@@ -445,6 +447,7 @@ def test_the_gate_is_on_loopback_only():
         (["--aa", "--readme"], "does not go into docs/benchmarks.md"),
         (["--aa", "--work"], "no A/A run"),
         (["--alone"], "--alone counts collectives: it needs --work"),
+        (["--work", "--pr", "3"], "--pr picks the PRs of --alone"),
         (["--case", "no such case"], "unknown --case 'no such case'; valid:"),
         (["--backend", "mxnet"], "unknown --backend 'mxnet'; valid: jax,"),
         (["--topology", "7"], "unknown --topology '7'; valid: 1, 8,"),
@@ -602,3 +605,112 @@ def test_the_alone_table_has_a_row_a_pr_and_a_column_a_case():
     assert "| 1 | 2 -> 2 (same) | not counted |" in table
     assert "| 2 | 2 -> 4 + 0.5 | - |" in table
     assert "| 3 | does not apply alone | - |" in table
+
+
+def _alone_row(k, patch, date, case=MLP):
+    two = {"step": 2, "eager": 0}
+    return {
+        "case": case,
+        "backend": "tensorflow",
+        "topology": "mirrored-2",
+        "pr": k,
+        "patch": patch,
+        "stock": two,
+        "alone": two,
+        "error": None,
+        "date": date,
+    }
+
+
+def test_counting_some_prs_keeps_the_others_rows_while_they_name_the_patch():
+    old = _doc(
+        [
+            _alone_row(1, "old-first.patch", "2026-11-25"),
+            _alone_row(2, "second.patch", "2026-11-25"),
+            _alone_row(3, "third.patch", "2026-11-25"),
+        ]
+    )
+    new = _doc([_alone_row(3, "third.patch", "2026-11-27")])
+    submission = ["new-first.patch", "second.patch", "third.patch"]
+    merged = bench.merge_alone(old, new, submission)
+    # PR 1 now names another patch: its old count is dropped, not shown
+    # under the new PR; PR 2 keeps its row; PR 3 has the new one.
+    assert [(r["pr"], r["date"]) for r in merged["cases"]] == [
+        (2, "2026-11-25"),
+        (3, "2026-11-27"),
+    ]
+    table = bench.render_alone_table(merged)
+    assert "2026-11-25..2026-11-27" in table
+    assert "| 1 |" not in table
+    # Counts from another machine are not mixed in.
+    other = dict(old, machine="elsewhere")
+    assert bench.merge_alone(other, new, submission) == new
+
+
+def test_an_unknown_pr_number_is_refused_before_anything_is_installed(
+    monkeypatch,
+):
+    layout = types.SimpleNamespace()
+    base = types.SimpleNamespace(version="3.16.0.dev1")
+    names = [pathlib.Path("a.patch"), pathlib.Path("b.patch")]
+    monkeypatch.setattr(
+        bench.series, "read_submission", lambda layout, base: names
+    )
+
+    def no_install(*a, **k):
+        raise AssertionError("installed a variant")
+
+    monkeypatch.setattr(bench.variants, "install_prerequisites", no_install)
+    with pytest.raises(ForkError, match=r"unknown --pr 3; valid: 1\.\.2"):
+        bench._alone_variants(layout, base, None, [3])
+
+
+def test_a_case_with_since_runs_only_on_bases_that_have_it():
+    cases = bench.select_cases(["MLP + accuracy/AUC"], None, None)
+    backends = {(c[2], c[3]) for c in bench.cases_on_base(cases, "3.15.1")}
+    assert ("torch", "dp-2") not in backends
+    assert ("tensorflow", "mirrored-2") in backends
+    on_master = bench.cases_on_base(cases, "3.16.0.dev2026102704")
+    assert ("torch", "dp-2") in {(c[2], c[3]) for c in on_master}
+
+
+def test_torch_collectives_are_counted_from_the_process_groups_events(
+    tmp_path,
+):
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from keras_fork.bench.worker import TorchCollectiveCounter
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1
+    )
+    try:
+        counter = TorchCollectiveCounter()
+        counter.start()
+        for _ in range(3):
+            dist.all_reduce(torch.ones(2))
+        dist.broadcast(torch.ones(1), src=0)
+        torch.ones(2).sum()  # not a collective
+        counter.stop()
+        assert counter.counts == [{"gloo:all_reduce": 3, "gloo:broadcast": 1}]
+        off = TorchCollectiveCounter(enabled=False)
+        off.start()
+        dist.all_reduce(torch.ones(2))
+        off.stop()
+        assert off.counts == []
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_eager_step_shows_its_collectives_only():
+    def graph(n):
+        return {"kind": "eager", "collectives": n, "eager_per_step": 0}
+
+    row = {"stock_graph": graph(9.125), "fork_graph": graph(9.125)}
+    assert bench._graph_text(row) == (
+        "- (eager); collectives/step 9.125 -> 9.125"
+    )
+    assert bench._graph_text({"stock_graph": None, "fork_graph": None}) == (
+        "- (eager)"
+    )

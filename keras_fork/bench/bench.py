@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+from packaging.version import Version
+
 from integration_tests.harness import topologies
 from integration_tests.harness import workers
 from keras_fork.errors import ForkError
@@ -104,6 +106,13 @@ CASES = [
     # device thread past XLA's 40 s collective rendezvous timeout.
     ("fit step, CNN + BatchNorm", "fit_step", "jax", "8",
      {"samples": 2048, "batch_size": 64, "epochs": 12, "model": "cnn"}),
+    # Keras fit() over torch processes: on master only ("since").
+    ("fit step, MLP + accuracy/AUC", "dp_fit_step", "torch", "dp-2",
+     {"samples": 4096, "batch_size": 64, "epochs": 4, "metrics": True,
+      "processes": 2, "since": "3.16.0.dev0"}),
+    ("fit step, CNN + BatchNorm", "dp_fit_step", "torch", "dp-2",
+     {"samples": 2048, "batch_size": 64, "epochs": 4, "model": "cnn",
+      "processes": 2, "since": "3.16.0.dev0"}),
 ]  # fmt: skip
 
 
@@ -488,7 +497,7 @@ def _run_doc(base, accelerator, rows, **kind):
 
 
 # Step workloads whose work per step ``run_work`` counts.
-WORK_WORKLOADS = ("stateless_call", "fit_step", "ddp_step")
+WORK_WORKLOADS = ("stateless_call", "fit_step", "ddp_step", "dp_fit_step")
 WORK_EPOCHS = 4
 WORK_BEGIN = "<!-- bench-work:begin -->"
 WORK_END = "<!-- bench-work:end -->"
@@ -561,14 +570,29 @@ def run_work(layout, base, accelerator, cases, console):
     return _run_doc(base, accelerator, rows, rounds=1, work=True)
 
 
-def _alone_variants(layout, base, console):
+def _alone_variants(layout, base, console, prs=None):
     """``[(k, patch name, keras folder or None, why not)]`` for each PR of
-    ``base`` in submission order (``series.read_submission``): the stock
-    sdist plus that PR's source alone (``variants.install_prerequisites``,
-    as ``stock+pr<k>``), or None with the reason where it does not apply
-    alone."""
+    ``base`` in submission order (``series.read_submission``), or only
+    those numbered in ``prs``: the stock sdist plus that PR's source alone
+    (``variants.install_prerequisites``, as ``stock+pr<k>``), or None with
+    the reason where it does not apply alone.
+
+    Raises:
+        ForkError: a number in ``prs`` is not a PR of the series (named,
+            with the valid ones).
+    """
+    submission = series.read_submission(layout, base)
+    unknown = [k for k in prs or () if not 1 <= k <= len(submission)]
+    if unknown:
+        raise ForkError(
+            f"unknown --pr {', '.join(map(str, unknown))}; valid: "
+            f"1..{len(submission)} (the {base.version} series, in "
+            "submission order)"
+        )
     out = []
-    for k, patch in enumerate(series.read_submission(layout, base), start=1):
+    for k, patch in enumerate(submission, start=1):
+        if prs and k not in prs:
+            continue
         try:
             folder = variants.install_prerequisites(
                 layout, base, (f"pr{k}",), [patch]
@@ -592,22 +616,28 @@ def _collectives(graph) -> dict | None:
     }
 
 
-def run_alone(layout, base, accelerator, cases, console):
-    """Counts the collectives per step of each PR of ``base`` applied
-    alone to stock (issue 38: "count collectives per step on master,
-    with and without each PR alone"), for the step cases that report them
-    (TensorFlow's reductions while tracing, JAX's HLO collectives:
-    ``bench.worker``; torch reports none).
+def run_alone(layout, base, accelerator, cases, console, prs=None):
+    """Counts the collectives per step of each PR of ``base`` (or of the
+    PRs numbered in ``prs``) applied alone to stock (issue 38: "count
+    collectives per step on master, with and without each PR alone"), for
+    the step cases that report them (``bench.worker``: TensorFlow's
+    reductions while tracing, JAX's HLO collectives, the torch process
+    group's collectives in a ``fit()`` over processes; torch's one-process
+    and DDP-loop cases report none).
 
     Returns:
         The ``dist/bench-alone.json`` document: rows of ``case``,
         ``backend``, ``topology``, ``pr`` (its number in submission
         order), ``patch``, ``stock`` and ``alone`` (``{"step", "eager"}``
-        or None) and ``error`` (why the PR was not counted, or None).
+        or None), ``error`` (why the PR was not counted, or None) and
+        ``date``.
+
+    Raises:
+        ForkError: a number in ``prs`` is not a PR of the series.
     """
+    alone = _alone_variants(layout, base, console, prs)
     stock = variants.install_variants(layout, base)["stock"]
     overlay = variants.install_overlay(layout, base)
-    alone = _alone_variants(layout, base, console)
     rows = []
     for case, workload, backend, topology, opts in _work_cases(cases):
         args = (overlay, workload, backend, topology, opts, accelerator)
@@ -618,9 +648,44 @@ def run_alone(layout, base, accelerator, cases, console):
                 after = _collectives(_run_worker(folder, *args)["graph"])
             row = {"case": case, "backend": backend, "topology": topology}
             row.update(pr=k, patch=name, stock=before, alone=after)
-            rows.append(dict(row, error=error))
+            rows.append(dict(row, error=error, date=_today()))
             console.print(f"{case} ({backend}/{topology}) PR {k}: {after}")
     return _run_doc(base, accelerator, rows, rounds=1, alone=True)
+
+
+def _today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def merge_alone(previous, doc, submission):
+    """Puts the rows of ``doc`` (a ``run_alone`` of some PRs) into
+    ``previous``, the last ``dist/bench-alone.json`` run of the same base.
+
+    Args:
+        previous: that run's document, or None.
+        doc: the new run's document.
+        submission: the patch names of the series in submission order: a
+            previous row is kept only where its PR number still names the
+            same patch (a renumbered or reworked-and-renamed PR's old
+            counts are dropped, not shown under its new number).
+
+    Returns:
+        ``doc`` with the previous rows it did not count again (same case,
+        topology and PR), sorted by PR; ``doc`` alone where ``previous``
+        ran on another machine.
+    """
+    if not previous or previous.get("machine") != doc["machine"]:
+        return doc
+    counted = {(r["case"], r["topology"], r["pr"]) for r in doc["cases"]}
+    rows = [
+        dict(r, date=r.get("date", previous["date"]))
+        for r in previous["cases"]
+        if (r["case"], r["topology"], r["pr"]) not in counted
+        and 0 < r["pr"] <= len(submission)
+        and submission[r["pr"] - 1] == r["patch"]
+    ]
+    rows = sorted(rows + doc["cases"], key=lambda r: r["pr"])
+    return dict(doc, cases=rows)
 
 
 def render_alone_table(doc) -> str:
@@ -667,6 +732,8 @@ def _graph_text(row) -> str:
     stock, fork = row["stock_graph"], row["fork_graph"]
     if stock is None and fork is None:
         return "- (eager)"
+    if (stock or fork).get("kind") == "eager":  # torch: collectives only
+        return "- (eager)" + _collectives_text(stock, fork)
     if stock and fork and stock["digest"] == fork["digest"]:
         text = f"same {stock['kind']} ({stock['ops']} ops)"
     else:
@@ -859,6 +926,14 @@ def add_arguments(p) -> None:
         "instead of timing, into dist/bench-work.json",
     )
     p.add_argument(
+        "--pr",
+        type=int,
+        action="append",
+        help="with --alone: only this PR (its number in submission order; "
+        "repeatable); the other PRs keep their rows from the last "
+        "dist/bench-alone.json",
+    )
+    p.add_argument(
         "--alone",
         action="store_true",
         help="with --work: count the collectives per step of each PR of the "
@@ -883,6 +958,8 @@ def _selected_cases(args):
         raise ForkError("--work counts, stock and fork once each: no A/A run")
     if args.alone and not args.work:
         raise ForkError("--alone counts collectives: it needs --work")
+    if args.pr and not args.alone:
+        raise ForkError("--pr picks the PRs of --alone: it needs --alone")
     check_known("--backend", args.backend, {c[2] for c in CASES})
     check_known("--topology", args.topology, {c[3] for c in CASES})
     names = {n for n in args.case or () if any(n in c[0] for c in CASES)}
@@ -893,18 +970,31 @@ def _selected_cases(args):
     return cases
 
 
+def cases_on_base(cases, version: str):
+    """The ``cases`` that run on the base ``version``: those without a
+    ``since`` option, or whose ``since`` it is at least (e.g. Keras
+    ``fit()`` over torch processes, which only master has)."""
+    return [
+        c for c in cases if Version(version) >= Version(c[4].get("since", "0"))
+    ]
+
+
 def _measure_bases(args, layout, accelerator, cases, console):
-    """One document a selected base: ``run_work`` with ``--work``, else
-    ``run``."""
+    """One document a selected base (that any of ``cases`` runs on:
+    ``cases_on_base``): ``run_work`` with ``--work``, else ``run``."""
     docs = []
     for b in pins.select_bases(layout, [args.base] if args.base else None):
+        cases_b = cases_on_base(cases, b.version)
+        if not cases_b:
+            console.print(f"skipped {b.version}: no selected case runs on it")
+            continue
         if args.alone:
-            doc = run_alone(layout, b, accelerator, cases, console)
+            doc = run_alone(layout, b, accelerator, cases_b, console, args.pr)
         elif args.work:
-            doc = run_work(layout, b, accelerator, cases, console)
+            doc = run_work(layout, b, accelerator, cases_b, console)
         else:
             doc = run(
-                layout, b, args.rounds, accelerator, cases, console, args.aa
+                layout, b, args.rounds, accelerator, cases_b, console, args.aa
             )
         docs.append(doc)
     return docs
@@ -919,6 +1009,22 @@ def _merge_last_run(out, docs):
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no usable last run: this one stands alone
     return [merge(previous.get(d["base"]), d) for d in docs]
+
+
+def _merge_last_alone(layout, out, docs):
+    """``docs`` (``run_alone`` of some PRs) each merged (``merge_alone``)
+    with the same base's run in ``out``, the last ``--alone`` file."""
+    previous = {}
+    try:
+        previous = {d["base"]: d for d in json.loads(out.read_text())["runs"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no usable last run: this one stands alone
+    merged = []
+    for doc in docs:
+        base = pins.select_bases(layout, [doc["base"]])[0]
+        names = [p.name for p in series.read_submission(layout, base)]
+        merged.append(merge_alone(previous.get(doc["base"]), doc, names))
+    return merged
 
 
 def main(args, layout: pins.Layout) -> int:
@@ -954,7 +1060,9 @@ def main(args, layout: pins.Layout) -> int:
         cases = _with_enough_gpus(cases, console)
     docs = _measure_bases(args, layout, accelerator, cases, console)
     out = layout.dist / name
-    if (args.case or args.backend or args.topology) and not args.alone:
+    if args.alone and args.pr:
+        docs = _merge_last_alone(layout, out, docs)
+    elif (args.case or args.backend or args.topology) and not args.alone:
         docs = _merge_last_run(out, docs)
     write_atomic(out, json.dumps({"runs": docs}, indent=2) + "\n")
     table = "\n".join(render(d) for d in docs)

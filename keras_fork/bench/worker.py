@@ -562,10 +562,21 @@ def ddp_step(opts, gate):
     the calls per step of the process that makes more. In lockstep, rank 0
     holds the gate (``gate`` is not used here) and the processes meet at a
     barrier around each epoch, whose time is then the slower's."""
+    _, result = _run_processes("_ddp_worker", opts)
+    if opts.get("work"):
+        result["graph"] = None
+    return result
+
+
+def _run_processes(target, opts):
+    """Runs ``opts["processes"]`` workers of ``target`` (a function of this
+    module) on 127.0.0.1; returns their results and the combined one: per
+    epoch the slower process's seconds, the larger peak memory and, with
+    ``opts["work"]``, per epoch the larger calls per step."""
     from integration_tests.harness import workers
 
     runs = workers.run_workers(
-        "keras_fork.bench.worker:_ddp_worker",
+        f"keras_fork.bench.worker:{target}",
         world_size=opts["processes"],
         timeout=600,
         env={"BENCH_OPTS": json.dumps(opts)},
@@ -578,8 +589,7 @@ def ddp_step(opts, gate):
         result["calls_per_step"] = [
             max(calls) for calls in zip(*(r["calls_per_step"] for r in runs))
         ]
-        result["graph"] = None
-    return result
+    return runs, result
 
 
 def _ddp_worker(rank, world_size):
@@ -641,6 +651,182 @@ def _ddp_worker(rank, world_size):
     )
 
 
+class TorchCollectiveCounter(CallCounter):
+    """Counts the collectives of torch's process group run between
+    ``start`` and ``stop``: the ``torch.profiler`` events that the
+    process group records for each one it runs (``gloo:all_reduce``,
+    ``nccl:all_gather``, ...), so DDP's gradient all-reduce and DTensor's
+    redistributions count as well as direct ``torch.distributed`` calls.
+    A counter made with ``enabled=False`` counts nothing.
+
+    Attributes:
+        counts: one ``{event name: count}`` per start/stop.
+    """
+
+    PREFIXES = ("gloo:", "nccl:")
+
+    def start(self):
+        if self.enabled:
+            import torch
+
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            self._profile = torch.profiler.profile(activities=activities)
+            self._profile.__enter__()
+
+    def stop(self):
+        if self.enabled:
+            self._profile.__exit__(None, None, None)
+            names = collections.Counter(
+                e.name
+                for e in self._profile.events()
+                if e.name.startswith(self.PREFIXES)
+            )
+            self.counts.append(dict(names))
+
+
+def dp_fit_step(opts, gate):
+    """Mean step time (seconds) of each epoch after the first of Keras ``fit()``
+    under ``keras.distribution.DataParallel`` over ``opts["processes"]``
+    torch processes (gloo on 127.0.0.1, one CPU device each;
+    keras-team/keras#23316, on master only), each process feeding its part
+    of every global batch of ``opts["batch_size"]``
+    (``data.process_batches``; no auto-sharding). Per epoch, the slower
+    process's time. With ``opts["work"]``, the calls per step of the process
+    that makes more, and ``graph``: the process group's collectives per step
+    over the epochs after the first (``TorchCollectiveCounter``; the larger
+    process's), as ``{"kind": "eager", "collectives": n, "by_kind":
+    {...}}``. Options as ``fit_step`` (``model``, ``metrics``)."""
+    runs, result = _run_processes("_dp_fit_worker", opts)
+    if opts.get("work"):
+        result["graph"] = max(
+            (r["graph"] for r in runs), key=lambda g: g["collectives"]
+        )
+    return result
+
+
+def _dp_fit_worker(rank, world_size):
+    """One process of ``dp_fit_step``: its step time per epoch, peak
+    memory and, with ``work``, its counts (``_result``)."""
+    import keras
+
+    from integration_tests.harness import data
+    from integration_tests.harness import devices
+    from integration_tests.harness import workers
+
+    opts = json.loads(os.environ["BENCH_OPTS"])
+    build, x, y = _model_and_data(opts)
+    metrics = []
+    if opts.get("metrics"):
+        y = (y > 0).astype("float32")
+        metrics = ["binary_accuracy", keras.metrics.AUC(name="auc")]
+    # Each process feeds its part of every global batch (arrays are not
+    # auto-sharded).
+    (x, y), batch_size = data.process_batches(
+        (x, y), opts["batch_size"], (rank, world_size)
+    )
+    epochs = _DPEpochs(rank, opts.get("work", False))
+    # Rank 1 waits at a barrier while rank 0 waits for its turn: as long as
+    # the gate may take.
+    with workers.torch_process_group(rank, world_size, GATE_TIMEOUT):
+        distribution = devices.torch_processes(rank, world_size)
+        distribution.auto_shard_dataset = False
+        with distribution.scope():
+            model = build(keras)
+            model.compile(optimizer="sgd", loss="mse", metrics=metrics)
+            model.fit(
+                x,
+                y,
+                batch_size=batch_size,
+                epochs=opts["epochs"] + 1,
+                shuffle=True,
+                verbose=0,
+                callbacks=[epochs.callback(keras)],
+            )
+        epochs.gate.close()
+    return epochs.result()
+
+
+class _DPEpochs:
+    """What a ``_dp_fit_worker`` process measures in each epoch: its time
+    and steps and, after the first epoch, its Python calls and collectives
+    (with ``work``); in lockstep (``BENCH_GATE``) rank 0 holds the gate and
+    the processes meet at a barrier around each epoch."""
+
+    def __init__(self, rank, work):
+        self.calls = CallCounter(enabled=work)
+        self.collectives = TorchCollectiveCounter(enabled=work)
+        self.work = work
+        self.lockstep = "BENCH_GATE" in os.environ
+        self.gate = Gate.from_env() if rank == 0 else Gate()
+        self.times, self.steps = [], []
+        self._start = 0.0
+
+    def begin(self, epoch):
+        self.steps.append(0)
+        if epoch:
+            self.gate.wait()
+            self._barrier()
+            # The counters nest: the profiler's start and stop, Python
+            # code, are not counted as the step's calls.
+            self.collectives.start()
+            self.calls.start()
+        self._start = time.perf_counter()
+
+    def end(self, epoch):
+        self._barrier()
+        self.times.append(time.perf_counter() - self._start)
+        if epoch:
+            self.calls.stop()
+            self.collectives.stop()
+            self.gate.report(self.times[-1] / self.steps[-1])
+
+    def _barrier(self):
+        if self.lockstep:
+            import torch
+
+            torch.distributed.barrier()
+
+    def callback(self, keras):
+        """A Keras callback that calls ``begin``/``end`` and counts steps."""
+        epochs = self
+
+        class Timer(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                epochs.begin(epoch)
+
+            def on_train_batch_end(self, batch, logs=None):
+                epochs.steps[-1] += 1
+
+            def on_epoch_end(self, epoch, logs=None):
+                epochs.end(epoch)
+
+        return Timer()
+
+    def result(self):
+        """``_result``: seconds per step of each epoch after the first,
+        calls per step and the collectives per step (``graph``)."""
+        steps = self.steps[1:]
+        graph = None
+        if self.work:
+            kinds = collections.Counter()
+            for count in self.collectives.counts:
+                kinds.update(count)
+            graph = {
+                "kind": "eager",
+                "collectives": round(sum(kinds.values()) / sum(steps), 4),
+                "by_kind": {
+                    k: round(v / sum(steps), 4)
+                    for k, v in sorted(kinds.items())
+                },
+                "eager_per_step": 0,
+            }
+        return _result(
+            [t / n for t, n in zip(self.times[1:], steps)],
+            calls_per_step=[c / n for c, n in zip(self.calls.counts, steps)],
+            graph=graph,
+        )
+
+
 def stateless_call(opts, gate):
     """Eager ``stateless_call`` (no gradient tracing, no ``training``):
     seconds per call, or with ``opts["work"]`` Python calls per call."""
@@ -676,6 +862,7 @@ WORKLOADS = {
     "shuffle": shuffle,
     "fit_step": fit_step,
     "ddp_step": ddp_step,
+    "dp_fit_step": dp_fit_step,
     "stateless_call": stateless_call,
 }
 
