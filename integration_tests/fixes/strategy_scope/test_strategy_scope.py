@@ -26,9 +26,11 @@ docs/gpu.md) raise a ``ValueError`` that names the cause and the fix
 before any step. An unbuilt optimizer created outside of the scope: the
 3.15.1 wheel moves it to the model's strategy at ``compile()``; the master
 PR refuses it with a ``ValueError`` when it is built (no public API
-re-creates an optimizer's variables under another strategy). On 3.15.1
-the errors come at ``compile()``, on master at ``fit()`` (and
-``evaluate()``), where stock fails.
+re-creates an optimizer's variables under another strategy). Both wheels
+raise at ``fit()`` (and, for ``jit_compile=True``, ``evaluate()``), where
+stock fails, never at ``compile()``: ``evaluate()`` and ``predict()`` of
+a model created outside of the scope work as on stock (3.15.1 since
+fork.15; before, its wheel raised at ``compile()``).
 
 What each proof test checks is what stock does wrong, never the fork's
 message alone: a trajectory (stock crashes where the fork trains), or a
@@ -291,12 +293,12 @@ def test_save_outside_load_inside_or_outside(topology):
 OUTSIDE_MESSAGE = "created outside of any `tf.distribute` strategy scope"
 
 
-def _compile_fit_outside_model(topology, lazy, compile_inside):
-    """A model created outside of any scope, compiled inside or outside of
-    the strategy's scope, then fit inside; returns the model and the
-    ``ValueError`` that refused it (any other exception propagates)."""
+def _compile_fit_outside_model(topology, compile_inside):
+    """A built model created outside of any scope, compiled inside or
+    outside of the strategy's scope, then fit inside; returns the model and
+    the ``ValueError`` that refused it (any other exception propagates)."""
     x, y = _data()
-    model = _model(lazy)
+    model = _model()
     if not compile_inside:
         model.compile(_optimizer(), "mse")
     with topology.scope(), pytest.raises(ValueError) as refused:
@@ -306,45 +308,21 @@ def _compile_fit_outside_model(topology, lazy, compile_inside):
     return model, refused.value
 
 
-# The master PR refuses `fit()` only for a model whose variables were
-# created outside of the strategy (master trains some models without
-# variables yet, e.g. subclassed ones); a lazy model is left to fail as on
-# master there. The 3.15.1 wheel refuses it at `compile()`.
-_LAZY_REFUSED = pytest.mark.fix(
-    "strategy-scope",
-    absent_since={
-        "tensorflow": (
-            "3.16.0.dev0",
-            "the master PR refuses only a model whose variables were "
-            "created outside of the strategy; a lazy model fails as on "
-            "master (docs/upstream.md, self-review of PR 13)",
-        )
-    },
-)
-
-
-@pytest.mark.parametrize(
-    "lazy, compile_inside",
-    [
-        (False, False),
-        pytest.param(True, False, marks=_LAZY_REFUSED),
-        pytest.param(True, True, marks=_LAZY_REFUSED),
-    ],
-    ids=["compile_outside", "lazy_compile_outside", "lazy_compile_inside"],
-)
+# A lazy model (no ``Input``) created outside of any scope has no
+# variables to refuse: both wheels (3.15.1 since fork.15, like the master
+# PR) refuse only a model whose variables were created outside of the
+# strategy, as stock trains some models without variables yet (e.g.
+# subclassed ones, docs/upstream.md, self-review of PR 13). A lazy
+# ``Sequential`` in graph mode then fails as on stock; no test here.
 @NEEDS_STRATEGY
-def test_model_created_outside_scope_is_refused_before_training(
-    topology, lazy, compile_inside
-):
-    """A model created outside of any scope (built, or lazy without
-    ``Input``), fit inside the scope: a ``ValueError`` before any weight
-    moves, then the fork's message names the cause. Stock crashes instead
-    (the symptom this test fails on there): compiled outside, ``fit``
-    raises ``RuntimeError: Mixing different tf.distribute.Strategy
-    objects`` from TensorFlow's scope stack when it builds the optimizer;
-    lazy and compiled inside, the first step's graph execution fails with
-    ``InvalidArgumentError`` (a placeholder of its ``tf.cond`` not fed)."""
-    model, refused = _compile_fit_outside_model(topology, lazy, compile_inside)
+def test_model_created_outside_scope_is_refused_before_training(topology):
+    """A built model created and compiled outside of any scope, fit inside
+    the scope: a ``ValueError`` before any weight moves, then the fork's
+    message names the cause. Stock crashes instead (the symptom this test
+    fails on there): ``fit`` raises ``RuntimeError: Mixing different
+    tf.distribute.Strategy objects`` from TensorFlow's scope stack when it
+    builds the optimizer."""
+    model, refused = _compile_fit_outside_model(topology, False)
     _assert_untrained(model)
     assert OUTSIDE_MESSAGE in str(refused), refused
 
@@ -359,9 +337,10 @@ def test_built_model_created_outside_scope_compiled_inside_is_refused(
     refuses it too, when ``fit`` builds the optimizer's slots
     (TensorFlow's "`colocate_vars_with` must only be passed a variable
     created in this tf.distribute.Strategy.scope()"); the fork raises
-    with its own message (at ``compile()`` on 3.15.1, at ``fit()`` on
-    master; the unit tests check it)."""
-    model, _ = _compile_fit_outside_model(topology, False, True)
+    with its own message at ``fit()`` (the unit tests check it), after
+    ``compile()`` in the scope, which is not refused: ``evaluate()`` and
+    ``predict()`` of such a model work on stock."""
+    model, _ = _compile_fit_outside_model(topology, True)
     _assert_untrained(model)
 
 
@@ -372,7 +351,7 @@ def test_layers_built_outside_scope_are_refused(topology):
     (its trainable weights are plain variables): refused with a
     ``ValueError`` before any weight moves. A guard: stock refuses it too,
     with TensorFlow's ``colocate_vars_with`` error when ``fit`` builds the
-    optimizer; the 3.15.1 wheel raises at ``compile()`` naming the weights
+    optimizer; the 3.15.1 wheel raises at ``fit()`` naming the weights
     (its unit tests check the message), the master PR leaves stock's
     error."""
     base = _model()
@@ -405,7 +384,9 @@ def test_jit_compile_true_is_refused_auto_trains(topology):
             model.compile(_optimizer(), "mse", jit_compile=True)
             model.fit(*_data(), batch_size=GLOBAL_BATCH, verbose=0)
     _assert_untrained(model)
-    assert "`jit_compile=True` is not" in str(refused.value), refused.value
+    assert "(`jit_compile`) is not supported" in str(refused.value), (
+        refused.value
+    )
     with topology.scope():
         model = _model()
         model.compile(_optimizer(), "mse", jit_compile="auto")
