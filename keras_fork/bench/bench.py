@@ -648,13 +648,10 @@ def run_alone(layout, base, accelerator, cases, console, prs=None):
                 after = _collectives(_run_worker(folder, *args)["graph"])
             row = {"case": case, "backend": backend, "topology": topology}
             row.update(pr=k, patch=name, stock=before, alone=after)
-            rows.append(dict(row, error=error, date=_today()))
+            today = datetime.date.today().isoformat()
+            rows.append(dict(row, error=error, date=today))
             console.print(f"{case} ({backend}/{topology}) PR {k}: {after}")
     return _run_doc(base, accelerator, rows, rounds=1, alone=True)
-
-
-def _today() -> str:
-    return datetime.date.today().isoformat()
 
 
 def merge_alone(previous, doc, submission):
@@ -1000,25 +997,26 @@ def _measure_bases(args, layout, accelerator, cases, console):
     return docs
 
 
+def _last_runs(out) -> dict:
+    """The runs of ``out``, the last run's file, by base; ``{}`` where it
+    has none that can be read."""
+    try:
+        return {d["base"]: d for d in json.loads(out.read_text())["runs"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # no usable last run: this one stands alone
+
+
 def _merge_last_run(out, docs):
     """``docs`` each merged (``merge``) with the same base's run in
     ``out``, the last run's file; ``docs`` alone where it has none."""
-    previous = {}
-    try:
-        previous = {d["base"]: d for d in json.loads(out.read_text())["runs"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no usable last run: this one stands alone
+    previous = _last_runs(out)
     return [merge(previous.get(d["base"]), d) for d in docs]
 
 
 def _merge_last_alone(layout, out, docs):
     """``docs`` (``run_alone`` of some PRs) each merged (``merge_alone``)
     with the same base's run in ``out``, the last ``--alone`` file."""
-    previous = {}
-    try:
-        previous = {d["base"]: d for d in json.loads(out.read_text())["runs"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no usable last run: this one stands alone
+    previous = _last_runs(out)
     merged = []
     for doc in docs:
         base = pins.select_bases(layout, [doc["base"]])[0]

@@ -480,6 +480,16 @@ def _model_and_data(opts):
     return build, x, y
 
 
+def _metrics(keras, opts, y):
+    """``(targets, metrics)`` of a step case: with ``opts["metrics"]``, 0/1
+    targets (``y > 0``) and binary accuracy and AUC (200 thresholds), else
+    ``y`` and no metric."""
+    if not opts.get("metrics"):
+        return y, []
+    metrics = ["binary_accuracy", keras.metrics.AUC(name="auc")]
+    return (y > 0).astype("float32"), metrics
+
+
 def fit_step(opts, gate):
     """Mean step time (seconds) of each epoch after the first (compilation)
     one; ``opts["model"]`` is ``"mlp"`` (default) or ``"cnn"``. With
@@ -495,10 +505,7 @@ def fit_step(opts, gate):
     topology = devices.current()
     build, x, y = _model_and_data(opts)
     steps = -(-opts["samples"] // opts["batch_size"])
-    metrics = []
-    if opts.get("metrics"):
-        y = (y > 0).astype("float32")
-        metrics = ["binary_accuracy", keras.metrics.AUC(name="auc")]
+    y, metrics = _metrics(keras, opts, y)
     times = []
     counter = CallCounter(enabled=opts.get("work", False))
 
@@ -715,10 +722,7 @@ def _dp_fit_worker(rank, world_size):
 
     opts = json.loads(os.environ["BENCH_OPTS"])
     build, x, y = _model_and_data(opts)
-    metrics = []
-    if opts.get("metrics"):
-        y = (y > 0).astype("float32")
-        metrics = ["binary_accuracy", keras.metrics.AUC(name="auc")]
+    y, metrics = _metrics(keras, opts, y)
     # Each process feeds its part of every global batch (arrays are not
     # auto-sharded).
     (x, y), batch_size = data.process_batches(
@@ -755,7 +759,6 @@ class _DPEpochs:
     def __init__(self, rank, work):
         self.calls = CallCounter(enabled=work)
         self.collectives = TorchCollectiveCounter(enabled=work)
-        self.work = work
         self.lockstep = "BENCH_GATE" in os.environ
         self.gate = Gate.from_env() if rank == 0 else Gate()
         self.times, self.steps = [], []
@@ -807,16 +810,16 @@ class _DPEpochs:
         calls per step and the collectives per step (``graph``)."""
         steps = self.steps[1:]
         graph = None
-        if self.work:
+        if self.collectives.enabled:
             kinds = collections.Counter()
             for count in self.collectives.counts:
                 kinds.update(count)
+            measured = sum(steps)
             graph = {
                 "kind": "eager",
-                "collectives": round(sum(kinds.values()) / sum(steps), 4),
+                "collectives": round(sum(kinds.values()) / measured, 4),
                 "by_kind": {
-                    k: round(v / sum(steps), 4)
-                    for k, v in sorted(kinds.items())
+                    k: round(v / measured, 4) for k, v in sorted(kinds.items())
                 },
                 "eager_per_step": 0,
             }
