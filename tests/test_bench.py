@@ -654,7 +654,7 @@ def test_an_unknown_pr_number_is_refused_before_anything_is_installed(
     base = types.SimpleNamespace(version="3.16.0.dev1")
     names = [pathlib.Path("a.patch"), pathlib.Path("b.patch")]
     monkeypatch.setattr(
-        bench.series, "read_submission", lambda layout, base: names
+        bench.submission, "read_submission", lambda layout, base: names
     )
 
     def no_install(*a, **k):

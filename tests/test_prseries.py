@@ -14,10 +14,12 @@ import pytest
 
 from keras_fork import cli
 from keras_fork.errors import ForkError
+from keras_fork.proof import catalog
 from keras_fork.proof import fixes as fixes_lib
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
+from keras_fork.recipe import submission
 from keras_fork.recipe import wheel
 from keras_fork.upstream import prseries
 from tests import fake_upstream as fake
@@ -382,59 +384,122 @@ def test_master_pr_bodies_read_as_a_colleagues():
     assert issues[infos.index(first)] == "Refs keras-team/keras#20378"
 
 
-def test_the_submission_order_numbers_the_prs_and_must_list_each_once(
-    upstream,
-):
+def _series_folder(upstream, *names):
     layout, base, _ = upstream
     folder = series.series_dir(layout, base)
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("a.patch", "b.patch", "c.patch"):
+    for name in names:
         (folder / name).write_text("")
-    (folder / series.ORDER_FILE).write_text("a.patch\nb.patch\nc.patch\n")
-    assert [p.name for p in series.read_submission(layout, base)] == [
+    (folder / series.ORDER_FILE).write_text("".join(n + "\n" for n in names))
+    return layout, base, folder
+
+
+def test_submission_toml_splits_the_series_into_prs_and_carried(upstream):
+    layout, base, folder = _series_folder(
+        upstream, "a.patch", "b.patch", "c.patch", "d.patch"
+    )
+    # No submission.toml (a release base): every patch a PR, in order.
+    sub = submission.read(layout, base)
+    assert [p.patch.name for p in sub.send_now] == [
         "a.patch",
         "b.patch",
         "c.patch",
+        "d.patch",
     ]
-    order = folder / series.SUBMISSION_FILE
-    order.write_text("# sent first\nc.patch\na.patch\nb.patch\n")
-    assert [p.name for p in series.read_submission(layout, base)] == [
-        "c.patch",
-        "a.patch",
-        "b.patch",
+    (folder / "issues").mkdir()
+    (folder / "issues" / "01-the-question.md").write_text("# The question\n")
+    (folder / submission.SUBMISSION_FILE).write_text(
+        '[[pr]]\npatch = "c.patch"\nverdict = "MERGE AS IS"\n'
+        '[[pr]]\npatch = "a.patch"\nafter = "the-question"\n'
+        '[[carried]]\npatch = "b.patch"\nwhy = "waits"\n'
+        'issue = "the-question"\n'
+        '[[carried]]\npatch = "d.patch"\nwhy = "duplicate"\n'
+        'upstream = "keras-team/keras#1"\n'
+    )
+    sub = submission.read(layout, base)
+    assert [(p.number, p.patch.name) for p in sub.prs] == [
+        (1, "c.patch"),
+        (2, "a.patch"),
     ]
-    order.write_text("c.patch\nc.patch\nx.patch\n")
+    assert [p.patch.name for p in sub.pending] == ["a.patch"]
+    assert submission.read_submission(layout, base)[1].name == "a.patch"
+    (issue,) = sub.issues
+    assert (issue.label, issue.title) == ("issue 01", "The question")
+    assert sub.kind_of("b.patch") == sub.kind_of("d.patch") == "carried"
+    assert [c.waits_on for c in sub.carried] == [
+        "issue 01 (The question)",
+        "keras-team/keras#1",
+    ]
+
+
+def test_submission_toml_names_every_problem(upstream):
+    layout, base, folder = _series_folder(upstream, "a.patch", "b.patch")
+    (folder / "issues").mkdir()
+    (folder / "issues" / "01-q.md").write_text("# Q\n")
+    (folder / submission.SUBMISSION_FILE).write_text(
+        '[[pr]]\npatch = "a.patch"\nafter = "q"\n'
+        '[[pr]]\npatch = "x.patch"\n'
+        '[[pr]]\npatch = "a.patch"\n'
+        '[[carried]]\npatch = "c.patch"\nissue = "nowhere"\n'
+        'upstream = "a PR"\n'
+    )
     with pytest.raises(ForkError) as e:
-        series.read_submission(layout, base)
+        submission.read(layout, base)
     for problem in (
+        "submission.toml:",
+        "no design issue issues/NN-nowhere.md",
+        "carried c.patch: no why",
+        "carried c.patch: name one of issue, upstream",
+        "carried c.patch: upstream is owner/repo#N",
         "not in .patches: x.patch",
-        "listed twice: c.patch",
-        "left out: a.patch",
+        "listed twice: a.patch",
         "left out: b.patch",
+        "a PR to send now follows one that waits on an issue",
     ):
         assert problem in str(e.value)
 
 
-def _words(text: str, n: int = 3) -> list[str]:
-    return re.sub(r"[`()]", " ", text).lower().split()[:n]
-
-
-def test_master_files_and_the_docs_table_follow_one_submission_order():
-    """File k of the master PR series is row k of docs/upstream.md's
-    submission table (issue 38: one numbering everywhere), and the first
-    PR is the shuffle regression's."""
+def test_the_master_pr_series_sends_prs_and_never_a_carried_patch(
+    tmp_path,
+):
+    """The real master series: the PRs to send now are numbered 1..k, the
+    ones that wait go to pending/ with their numbers and the issue they
+    wait on, every design issue lists what waits on it, the cover letter
+    has the three groups, and no carried patch is a PR file."""
     layout = pins.Layout.default()
     (base,) = pins.select_bases(layout, [MASTER])
-    order = series.read_submission(layout, base)
+    sub = submission.read(layout, base)
+    out = prseries.stage(layout, base, None, tmp_path / "series")
+    numbered = sorted(p.name for p in out.glob("[0-9]*.patch"))
+    assert len(numbered) == len(sub.send_now) + 1  # the cover letter
+    pending = sorted(p.name for p in (out / "pending").glob("*.patch"))
+    assert [int(n[:4]) for n in pending] == [p.number for p in sub.pending]
+    for pr in sub.pending:
+        (body,) = (out / "pending").glob(f"{pr.number:04d}-*.md")
+        assert body.read_text().startswith(f"**Waits on** {pr.after.label}")
+    subjects = [series.parse_patch(c.patch).subject for c in sub.carried]
+    names = [series.format_patch_name(s) for s in subjects]
+    assert not [n for n in names for f in numbered + pending if n in f]
+    for issue in sub.issues:
+        text = (out / "issues" / issue.path.name).read_text()
+        assert "### Waiting on this issue" in text
+        assert "nothing in this series" not in text, issue.path.name
+    cover = (out / "0000-cover-letter.patch").read_text()
+    for heading in ("Send now", "After their design issue", "Carried"):
+        assert heading in cover
+    assert all(s in cover for s in subjects)
+
+
+def test_the_docs_self_review_follows_submission_toml():
+    """docs/upstream.md's self-review is generated from submission.toml
+    (``fixes --readme``): one row a PR, numbered as the PR series is, and
+    the first PR is the shuffle regression's."""
+    layout = pins.Layout.default()
+    (base,) = pins.select_bases(layout, [MASTER])
+    order = submission.read_submission(layout, base)
     assert "shuffle" in order[0].name
     docs = (layout.docs / "upstream.md").read_text()
-    section = docs.split("## The master PR series: submission order")[1]
-    table = re.search(r"(?m)^\|.*\n(?:\|.*\n)*", section).group(0)
-    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", table, re.M)
-    assert [int(k) for k, _ in rows] == list(range(1, len(order) + 1))
-    for (k, text), patch in zip(rows, order, strict=True):
-        subject = series.parse_patch(patch).subject
-        assert _words(text) == _words(subject), (k, text, subject)
+    assert catalog.review_table(layout) in docs
 
 
 def test_line_counts_split_keras_test_files_from_the_rest(tmp_path):

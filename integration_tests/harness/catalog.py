@@ -13,6 +13,11 @@ Each folder holds the fix's proof tests (``test_*.py``, marked
 * ``summary``: one line, for the fix table; ``notice``: what a user of the
   wheel notices; ``upstream`` (optional): where upstream stands, when the
   patches' trailers do not say it all;
+* ``[absent]`` (optional): ``"<V>" = "<why>"`` for a pinned base whose
+  series does not carry the fix: fixed upstream in version X, superseded
+  by another fix, the code path does not exist there, or not carried yet
+  although the bug exists (a base's own ``absent`` in ``bases.toml``
+  covers every fix it does not carry);
 * ``[changed_upstream_tests."<V>"]`` (optional): ``"<test id>" = "<why>"``
   for upstream tests of base V that the fix fails on purpose (see
   ``Fix``);
@@ -62,6 +67,7 @@ class Fix:
             apart.
         prerequisites: ``{base: {"<backend>/<topology>": (fix id, ...)}}``,
             the fixes each cell's stock side carries (see the module doc).
+        absent: ``{base: why}`` for bases whose series do not carry it.
     """
 
     id: str
@@ -74,6 +80,7 @@ class Fix:
     folder: Path
     changed_upstream_tests: dict = dataclasses.field(default_factory=dict)
     prerequisites: dict = dataclasses.field(default_factory=dict)
+    absent: dict = dataclasses.field(default_factory=dict)
 
 
 def _read_toml(path: Path) -> dict:
@@ -128,6 +135,12 @@ def load_fix(path: Path, reasons: dict) -> Fix:
             f"{fid.replace('-', '_')!r}"
         )
     bases = tuple(data["bases"])
+    absent = {str(k): str(v) for k, v in data.get("absent", {}).items()}
+    if set(absent) & set(bases):
+        raise CatalogError(
+            f"{path}: absent from {sorted(set(absent) & set(bases))}, "
+            "which its bases list"
+        )
     changed = data.get("changed_upstream_tests", {})
     stray = sorted(set(changed) - set(bases))
     if stray:
@@ -154,6 +167,7 @@ def load_fix(path: Path, reasons: dict) -> Fix:
         cells=cells,
         folder=path.parent,
         changed_upstream_tests=changed,
+        absent=absent,
         prerequisites={
             base: {w: _prerequisites(path, fid, w, v) for w, v in t.items()}
             for base, t in needs.items()

@@ -44,7 +44,7 @@ from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
-from keras_fork.recipe import series
+from keras_fork.recipe import submission
 
 # How a run's timings were taken (``dist/bench.json``'s ``method``): rows of
 # runs taken otherwise do not merge with a new run's.
@@ -572,7 +572,7 @@ def run_work(layout, base, accelerator, cases, console):
 
 def _alone_variants(layout, base, console, prs=None):
     """``[(k, patch name, keras folder or None, why not)]`` for each PR of
-    ``base`` in submission order (``series.read_submission``), or only
+    ``base`` in submission order (``submission.read_submission``), or only
     those numbered in ``prs``: the stock sdist plus that PR's source alone
     (``variants.install_prerequisites``, as ``stock+pr<k>``), or None with
     the reason where it does not apply alone.
@@ -581,16 +581,16 @@ def _alone_variants(layout, base, console, prs=None):
         ForkError: a number in ``prs`` is not a PR of the series (named,
             with the valid ones).
     """
-    submission = series.read_submission(layout, base)
-    unknown = [k for k in prs or () if not 1 <= k <= len(submission)]
+    in_order = submission.read_submission(layout, base)
+    unknown = [k for k in prs or () if not 1 <= k <= len(in_order)]
     if unknown:
         raise ForkError(
             f"unknown --pr {', '.join(map(str, unknown))}; valid: "
-            f"1..{len(submission)} (the {base.version} series, in "
+            f"1..{len(in_order)} (the {base.version} series, in "
             "submission order)"
         )
     out = []
-    for k, patch in enumerate(submission, start=1):
+    for k, patch in enumerate(in_order, start=1):
         if prs and k not in prs:
             continue
         try:
@@ -1020,7 +1020,7 @@ def _merge_last_alone(layout, out, docs):
     merged = []
     for doc in docs:
         base = pins.select_bases(layout, [doc["base"]])[0]
-        names = [p.name for p in series.read_submission(layout, base)]
+        names = [p.name for p in submission.read_submission(layout, base)]
         merged.append(merge_alone(previous.get(doc["base"]), doc, names))
     return merged
 

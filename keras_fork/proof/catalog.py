@@ -24,6 +24,7 @@ from keras_fork.proof import variants
 from keras_fork.proof.runner import load_previous
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
+from keras_fork.recipe import submission
 
 README_BEGIN = "<!-- fix-table:begin -->"
 README_END = "<!-- fix-table:end -->"
@@ -38,6 +39,15 @@ SERIES_END = "<!-- series:end -->"
 # docs/upstream.md's sizes of the master PRs, in submission order.
 PR_SIZES_BEGIN = "<!-- pr-sizes:begin -->"
 PR_SIZES_END = "<!-- pr-sizes:end -->"
+# README: what each wheel carries beyond the upstream PRs; docs/upstream.md:
+# the self-review of the PRs; docs/parity.md: each fix on each base.
+CARRIED_BEGIN = "<!-- carried:begin -->"
+CARRIED_END = "<!-- carried:end -->"
+REVIEW_BEGIN = "<!-- self-review:begin -->"
+REVIEW_END = "<!-- self-review:end -->"
+PARITY_BEGIN = "<!-- parity:begin -->"
+PARITY_END = "<!-- parity:end -->"
+PARITY_DOC = "parity.md"
 UPSTREAM_DOC = "upstream.md"
 COUNTED = ("proven", "guard", "n/a")
 
@@ -70,6 +80,7 @@ def problems(layout: pins.Layout) -> list[str]:
     * a fix with no patch on any base;
     * a patch on a base its fix does not list in ``bases``;
     * a fix that declares no cell for some topology on some base;
+    * a fix absent from a pinned base without a reason (``parity``);
     * a cell that runs (not ``n/a``) whose prerequisites have no patch on
       its base, or share a patch with its fix
       (``variants.prerequisite_patches``): its stock side cannot be built,
@@ -96,9 +107,16 @@ def problems(layout: pins.Layout) -> list[str]:
                         f"{version}/{info.name}: fix {fix_id} does not list "
                         f"base {version} in its bases"
                     )
+    bases = pins.load_bases(layout)
     for fix in fixes.values():
         if fix.id not in by_fix:
             out.append(f"fix {fix.id}: no patch on any base")
+        out += [
+            f"fix {fix.id}: absent from base {v} without a reason "
+            "(fix.toml [absent], or the base's absent in bases.toml)"
+            for v, base in bases.items()
+            if v not in fix.bases and not (fix.absent.get(v) or base.absent)
+        ]
         for version, missing in fixes_lib.missing_cells(fix).items():
             out.append(f"fix {fix.id} on {version}: no cell for {missing}")
     return out + _prerequisite_problems(layout, fixes.values())
@@ -163,8 +181,9 @@ def catalog(layout: pins.Layout, with_proof: bool = True) -> list[dict]:
     """One dict a fix, in series order (the bases of ``bases.toml`` in
     order, then the position of the fix's first patch): ``id``, ``bases``,
     ``issue``, ``summary``, ``notice``, ``upstream``, ``cells`` (see
-    ``counts``; only the declared cells unless ``with_proof``) and
-    ``patches`` (``{base: [file name, ...]}``)."""
+    ``counts``; only the declared cells unless ``with_proof``),
+    ``patches`` (``{base: [file name, ...]}``) and ``parity`` (``{base:
+    status}``, see ``parity``)."""
     by_fix = patches_by_fix(layout)
     proof = load_previous(layout.dist / "proof.json") if with_proof else {}
     rows = []
@@ -180,10 +199,39 @@ def catalog(layout: pins.Layout, with_proof: bool = True) -> list[dict]:
                 "upstream": upstream_status(fix, patches),
                 "cells": counts(fix, proof),
                 "patches": {v: [i.name for i in p] for v, p in patches.items()},
+                "parity": parity(layout, fix, patches),
             }
         )
     position = _series_position(layout, by_fix)
     return sorted(rows, key=lambda r: position.get(r["id"], (99, 0)))
+
+
+def parity(layout: pins.Layout, fix, patches: dict) -> dict:
+    """``{base: status}`` of ``fix`` on every pinned base: ``"pr"`` (its
+    patches there are upstream PRs), ``"carried"`` (carried patches only;
+    every patch of a release base, which takes no PRs, is carried),
+    ``"pr + carried"``, ``"upstream"`` (a base it lists without a patch:
+    upstream has it, its cells guard it), or ``"absent: <why>"``
+    (``fix.toml``'s ``[absent]``, else the base's ``absent``;
+    ``problems`` flags a fix absent without either).
+    """
+    out = {}
+    for version, base in pins.load_bases(layout).items():
+        names = [i.name for i in patches.get(version, [])]
+        if not names and version in fix.bases:
+            out[version] = "upstream"
+            continue
+        if not names:
+            why = fix.absent.get(version) or base.absent or "no reason given"
+            out[version] = f"absent: {why}"
+            continue
+        if base.package != "keras-nightly":  # a release takes no PRs
+            out[version] = "carried"
+            continue
+        sub = submission.read(layout, base)
+        kinds = {sub.kind_of(n) for n in names}
+        out[version] = " + ".join(k for k in ("pr", "carried") if k in kinds)
+    return out
 
 
 def _series_position(layout: pins.Layout, by_fix: dict) -> dict:
@@ -306,7 +354,7 @@ def pr_sizes_table(layout: pins.Layout) -> str:
     """docs/upstream.md's table of each PR's size (markdown), for every
     base sent upstream one PR at a time (a nightly base: its sdist has no
     tests, ``sdist_tests`` false), in submission order
-    (``series.read_submission``): source and test lines added and
+    (``submission.read_submission``): source and test lines added and
     removed (``series.line_counts``)."""
     lines = [
         "| base | # | PR | source lines (+/-) | test lines (+/-) |",
@@ -315,7 +363,7 @@ def pr_sizes_table(layout: pins.Layout) -> str:
     for base in pins.load_bases(layout).values():
         if base.sdist_tests:
             continue
-        order = series.read_submission(layout, base)
+        order = submission.read_submission(layout, base)
         for k, patch in enumerate(order, start=1):
             subject = series.parse_patch(patch).subject
             counts = series.line_counts(patch)
@@ -325,6 +373,88 @@ def pr_sizes_table(layout: pins.Layout) -> str:
                 f"| +{src[0]} -{src[1]} | +{tests[0]} -{tests[1]} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def carried_lines(layout: pins.Layout) -> str:
+    """The README's list of what each wheel carries beyond the upstream
+    PRs (markdown): one line a carried patch of each base that sends PRs
+    (``submission``), with what it waits on; release bases carry their
+    whole series (the fix table)."""
+    lines = []
+    for base in pins.load_bases(layout).values():
+        if base.package != "keras-nightly":
+            continue
+        for c in submission.read(layout, base).carried:
+            info = series.parse_patch(c.patch)
+            fixes = ", ".join(f"`{f}`" for f in info.fixes)
+            lines.append(
+                f"- {base.version} ({fixes}): {info.subject}; waits on "
+                f"{c.waits_on}"
+            )
+    return "\n".join(lines or ["- none"]) + "\n"
+
+
+def review_table(layout: pins.Layout) -> str:
+    """docs/upstream.md's self-review (markdown), from each master
+    series' ``submission.toml``: a row a PR (its number, subject, when it
+    is sent, verdict and what is left), a row a carried patch, and the
+    counts of each verdict and group."""
+    lines = [
+        "| base | # | PR | sent | verdict | left |",
+        "|---|---|---|---|---|---|",
+    ]
+    tally, groups = collections.Counter(), collections.Counter()
+    for base in pins.load_bases(layout).values():
+        if base.package != "keras-nightly":
+            continue
+        sub = submission.read(layout, base)
+        for pr in sub.prs:
+            sent = f"after {pr.after.label}" if pr.after else "now"
+            groups["after a design issue" if pr.after else "to send now"] += 1
+            tally[pr.verdict or "-"] += 1
+            lines.append(
+                f"| {base.version} | {pr.number} | "
+                f"{series.parse_patch(pr.patch).subject} | {sent} | "
+                f"{pr.verdict or '-'} | {pr.note} |"
+            )
+        for c in sub.carried:
+            groups["carried"] += 1
+            lines.append(
+                f"| {base.version} | - | "
+                f"{series.parse_patch(c.patch).subject} | carried | - | "
+                f"{c.why}; waits on {c.waits_on} |"
+            )
+    lines += ["", f"Counted: {_tally(tally)}; {_tally(groups)}"]
+    return "\n".join(lines) + ".\n"
+
+
+def _tally(counter: collections.Counter) -> str:
+    """``"3 X, 1 Y"`` in descending count order."""
+    return ", ".join(f"{n} {k}" for k, n in counter.most_common())
+
+
+def parity_table(rows: list[dict], versions: list[str]) -> str:
+    """docs/parity.md's table (markdown): a row a fix, a column a base,
+    each cell its ``parity`` status; each reason for an absence is
+    written once, as a numbered note under the table."""
+    lines = [
+        "| fix | " + " | ".join(versions) + " |",
+        "|---" * (len(versions) + 1) + "|",
+    ]
+    reasons: list[str] = []
+    for r in rows:
+        cells = []
+        for v in versions:
+            status = r["parity"][v]
+            why = status.removeprefix("absent: ")
+            if why != status:
+                if why not in reasons:
+                    reasons.append(why)
+                status = f"absent ({reasons.index(why) + 1})"
+            cells.append(status)
+        lines.append(f"| `{r['id']}` | " + " | ".join(cells) + " |")
+    notes = [f"({k}) {why}" for k, why in enumerate(reasons, start=1)]
+    return "\n\n".join(["\n".join(lines), *notes]) + "\n"
 
 
 def write_readme(layout: pins.Layout) -> None:
@@ -341,6 +471,15 @@ def write_readme(layout: pins.Layout) -> None:
     replace_between(upstream, SERIES_BEGIN, SERIES_END, series_table(bases))
     replace_between(
         upstream, PR_SIZES_BEGIN, PR_SIZES_END, pr_sizes_table(layout)
+    )
+    replace_between(readme, CARRIED_BEGIN, CARRIED_END, carried_lines(layout))
+    replace_between(upstream, REVIEW_BEGIN, REVIEW_END, review_table(layout))
+    versions = list(pins.load_bases(layout))
+    replace_between(
+        layout.docs / PARITY_DOC,
+        PARITY_BEGIN,
+        PARITY_END,
+        parity_table(rows, versions),
     )
 
 

@@ -11,6 +11,7 @@ from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
+from keras_fork.recipe import submission
 from keras_fork.recipe import testswheel
 from keras_fork.recipe import wheel
 
@@ -63,7 +64,7 @@ def build(args, layout: pins.Layout) -> int:
     Raises:
         ForkError: an unknown base, ``--sdist`` with several bases, a bad
             sdist (``sdist.fetch``), a series out of canonical form, or a
-            master PR that does not apply alone (``series.checked_tree``).
+            master PR that does not apply alone (``submission.checked_tree``).
     """
     bases = pins.select_bases(layout, args.base)
     if args.sdist and len(bases) != 1:
@@ -93,14 +94,14 @@ def _remove_scratch(layout: pins.Layout) -> None:
 
 
 def _build_base(layout: pins.Layout, base: pins.Base, console) -> Path:
-    """Materializes and checks ``base``'s tree (``series.checked_tree``),
+    """Materializes and checks ``base``'s tree (``submission.checked_tree``),
     builds its wheel in a staging folder, then publishes it.
 
     Returns:
         The wheel in ``dist/``.
     """
     with console.status(f"keras {base.version}: materializing"):
-        tree = series.checked_tree(layout, base)
+        tree = submission.checked_tree(layout, base)
     # Staged under build/, on dist/'s file system (both in the checkout):
     # the move into dist/ is a rename, and a killed build leaves nothing
     # in dist/.

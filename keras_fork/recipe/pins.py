@@ -85,6 +85,9 @@ class Base:
             Release sdists do; ``keras-nightly`` sdists do not, so the
             series' test hunks cannot apply to them (see
             ``series.materialize``).
+        absent: why a fix this base's series does not carry is absent from
+            it, for every such fix that gives no reason of its own
+            (``fix.toml``'s ``[absent]``); empty: each fix must give one.
     """
 
     version: str
@@ -94,6 +97,7 @@ class Base:
     pip_check_known: tuple[str, ...] = ()
     package: str = "keras"
     sdist_tests: bool = True
+    absent: str = ""
 
     @property
     def fork_version(self) -> str:
@@ -226,8 +230,9 @@ def load_bases(layout: Layout) -> dict[str, Base]:
                 f"list of non-empty strings, got {known!r}"
             )
         package, tests = _source(layout, version, table)
+        absent = str(table.get("absent", ""))
         bases[version] = Base(
-            version, sha, build, overlay, tuple(known), package, tests
+            version, sha, build, overlay, tuple(known), package, tests, absent
         )
     if not bases:
         raise ForkError(f"pins file {layout.pins} declares no base")

@@ -29,9 +29,9 @@ from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
 
 ORDER_FILE = ".patches"
-# The order in which a master series' PRs are sent upstream (issue 38), when
-# it differs from the order they apply in (``ORDER_FILE``, a rebase chain).
-SUBMISSION_FILE = ".submission"
+# What a series sends upstream and what it carries (``submission``): kept by
+# ``export``, which writes the patches and ``ORDER_FILE`` only.
+SUBMISSION_FILES = ("submission.toml", "issues")
 REPO_ONLY = "repo-only"
 PRISTINE_TAG = "pristine"
 # Trailers that describe the patch for the fork only (DEP-3 style); they are
@@ -232,7 +232,7 @@ def series_dir(layout: Layout, base: Base) -> Path:
 
 
 def _listed_names(order: Path) -> list[str]:
-    """The patch file names an order file (``.patches``, ``.submission``)
+    """The patch file names an order file (``.patches``)
     lists, one a line; blank lines and ``#`` comments left out."""
     return [
         ln.strip()
@@ -311,34 +311,6 @@ def read_series(layout: Layout, base: Base) -> list[Path]:
         return _read_order(series_dir(layout, base), missing_ok=False)
     except ForkError as e:
         raise ForkError(f"base {base.version}: {e}") from None
-
-
-def read_submission(layout: Layout, base: Base) -> list[Path]:
-    """The patches of ``base``'s series in the order their PRs are sent
-    upstream: the order of ``.submission`` in the series folder, else the
-    series order (``read_series``). The PR series is numbered by it, so
-    that file ``0001`` is the first PR to send; every PR applies alone on
-    the pristine base (``not_alone``), so any order is one a maintainer
-    can merge in.
-
-    Raises:
-        ForkError: ``.submission`` lists a file that is not a patch of the
-            series, lists one twice, or leaves one out (each named).
-    """
-    chain = read_series(layout, base)
-    order = series_dir(layout, base) / SUBMISSION_FILE
-    if not order.is_file():
-        return chain
-    names = _listed_names(order)
-    known = {p.name: p for p in chain}
-    problems = [f"not in {ORDER_FILE}: {n}" for n in names if n not in known]
-    problems += [
-        f"listed twice: {n}" for n in sorted(set(names)) if names.count(n) > 1
-    ]
-    problems += [f"left out: {n}" for n in known if n not in names]
-    if problems:
-        raise ForkError(f"{order}: " + "; ".join(problems))
-    return [known[n] for n in names]
 
 
 def read_repo_only(layout: Layout, base: Base) -> list[Path]:
@@ -587,9 +559,9 @@ def export(tree: Path, out: Path, carry_tests: bool = False) -> list[str]:
 
     ``out`` gets one ``<subject-slug>.patch`` file a commit
     (``patch_file_name``) and ``.patches``, the order; its repo-only
-    patches and ``.submission`` are kept (``read_submission`` names a patch
-    it then leaves out). The folder is replaced as a whole (written beside
-    it, then renamed).
+    patches, ``submission.toml`` and design issues are kept
+    (``submission.read`` names a patch they then leave out). The folder
+    is replaced as a whole (written beside it, then renamed).
 
     With ``carry_tests`` (a base whose sdist has no test files, so its tree
     has none), each patch keeps the test hunks of the file of the same name
@@ -624,12 +596,11 @@ def export(tree: Path, out: Path, carry_tests: bool = False) -> list[str]:
         old = Path(tmp) / "old"
         if out.exists():
             out.rename(old)
-            # Repo-only patches are not in the tree, nor is the submission
-            # order: carry them over.
-            if (old / REPO_ONLY).is_dir():
-                (old / REPO_ONLY).rename(staged / REPO_ONLY)
-            if (old / SUBMISSION_FILE).is_file():
-                (old / SUBMISSION_FILE).rename(staged / SUBMISSION_FILE)
+            # Repo-only patches are not in the tree, nor is what the
+            # series sends upstream: carry them over.
+            for kept in (REPO_ONLY, *SUBMISSION_FILES):
+                if (old / kept).exists():
+                    (old / kept).rename(staged / kept)
         staged.rename(out)
     return names
 
@@ -702,43 +673,6 @@ def check(layout: Layout, base: Base, tree: Path) -> list[str]:
     return sorted(
         n for n in set(ours) | set(theirs) if ours.get(n) != theirs.get(n)
     )
-
-
-def checked_tree(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
-    """Materializes ``base``'s tree and checks its series, for the outputs
-    made from it (the wheel, the PR series).
-
-    Args:
-        layout: where the patches, the sdist cache and the tree are.
-        base: the pinned base.
-        sdist: an sdist file to use instead of the cached one (``fetch``).
-
-    Returns:
-        The path of the tree (``materialize``).
-
-    Raises:
-        ForkError: what ``materialize`` raises; re-exporting the tree does
-            not reproduce ``patches/<V>`` exactly (not in canonical form);
-            or, on a ``keras-nightly`` base (master: its PRs go in one by
-            one), a PR that does not apply alone.
-    """
-    tree = materialize(layout, base, sdist)
-    drift = check(layout, base, tree)
-    if drift:
-        raise ForkError(
-            f"re-exporting the {base.version} tree changes {drift}: "
-            f"patches/{base.version} is not in canonical form; run "
-            f"`python -m keras_fork export --base {base.version}`"
-        )
-    if base.package == "keras-nightly":
-        alone = not_alone(tree, read_series(layout, base))
-        if alone:
-            raise ForkError(
-                f"PRs of the master series {base.version} that do not "
-                "apply alone on master (make each stand alone, or fold "
-                "it into the PR it needs):\n  " + "\n  ".join(alone)
-            )
-    return tree
 
 
 def without_files(patch: bytes, paths: list[str]) -> bytes:

@@ -32,7 +32,7 @@ from keras_fork.errors import check_known
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import bisect
 from keras_fork.recipe import pins
-from keras_fork.recipe import series
+from keras_fork.recipe import submission
 from keras_fork.upstream import checkout
 
 BACKENDS = ("jax", "tensorflow", "torch")
@@ -275,7 +275,7 @@ def main(args, layout: pins.Layout) -> int:
 
     base = pins.get_base(layout, args.base)
     backends = tuple(args.backend or BACKENDS)
-    every = series.read_submission(layout, base)
+    every = submission.read_submission(layout, base)
     patches = select_prs(every, args.pr)
     rows = check(
         args.upstream_repo,

@@ -31,6 +31,7 @@ from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
+from keras_fork.recipe import submission
 from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
 
@@ -97,7 +98,7 @@ def main(args, layout: Layout) -> int:
     Raises:
         ForkError: an unknown base, ``--sdist`` with several bases, a bad
             or missing sdist (``sdist.fetch``), or a series that fails
-            ``series.checked_tree`` (a patch that does not apply, not in
+            ``submission.checked_tree`` (a patch that does not apply, not in
             canonical form, a master PR that does not apply alone).
     """
     from rich.console import Console
@@ -131,7 +132,7 @@ def _remove_scratch(layout: Layout) -> None:
 
 def write_from_patches(layout: Layout, base: Base) -> Path:
     """Materializes and checks ``base``'s tree in a scratch folder under
-    ``build/`` (``series.checked_tree``), then writes its PR series from it
+    ``build/`` (``submission.checked_tree``), then writes its PR series from it
     (``write``).
 
     Returns:
@@ -141,7 +142,7 @@ def write_from_patches(layout: Layout, base: Base) -> Path:
     with tempfile.TemporaryDirectory(
         dir=layout.build, prefix=".pr-series."
     ) as scratch:
-        tree = series.checked_tree(
+        tree = submission.checked_tree(
             dataclasses.replace(layout, build=Path(scratch)), base
         )
         return write(layout, base, tree)
@@ -493,15 +494,20 @@ def write(layout: Layout, base: Base, tree: Path) -> Path:
 
 def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
     """Writes the PR series of ``base`` from the materialized ``tree`` into
-    the new folder ``into`` (which must not exist).
+    the new folder ``into`` (which must not exist): the numbered PRs to
+    send now with the cover letter, and, for a series with a
+    ``submission.toml``, the PRs that wait on a design issue under
+    ``pending/`` and the design issues under ``issues/``
+    (``submission``). Carried patches are in none of them.
 
     Returns:
         ``into``.
     """
+    sub = submission.read(layout, base)
     if base.sdist_tests:
         chain = series.read_series(layout, base)
     else:  # sent one PR at a time, in submission order
-        chain = series.read_submission(layout, base)
+        chain = [p.patch for p in sub.send_now]
     infos = [series.parse_patch(p) for p in chain]
     repo_only = series.read_repo_only(layout, base)
     cells = proof_cells(layout)
@@ -515,6 +521,9 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
         files += _copy_patches(into, repo_only, len(infos))
         infos += [series.parse_patch(p) for p in repo_only]
         _finish(layout, base, files, infos, cells)
+        if not base.sdist_tests:
+            _write_waiting(layout, base, into, sub, cells)
+            files[0].write_text(files[0].read_text() + _groups(sub))
     return into
 
 
@@ -560,6 +569,70 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
             )
         )
     cover.write_text(_cover(base, infos, patches, author, bool(cells), width))
+
+
+def _write_waiting(layout, base, into: Path, sub, cells) -> None:
+    """Writes ``pending/`` (each PR that waits on a design issue, as
+    ``NNNN-*.patch`` with its body, which opens by naming the issue) and
+    ``issues/`` (each design issue, with what waits on it)."""
+    checked = pr_check_rows(layout, base)
+    summaries = fix_summaries(layout)
+    if sub.pending:
+        (into / "pending").mkdir()
+    for pr in sub.pending:
+        info = series.parse_patch(pr.patch)
+        f = _copy_patches(into / "pending", [pr.patch], pr.number - 1)[0]
+        text = f.read_text()
+        author = author_identity(layout.root)
+        if author:
+            text = re.sub(r"^From: .*$", f"From: {author}", text, 1, re.M)
+        f.write_text(series.strip_fork_trailers(text))
+        waits = (
+            f"**Waits on** {pr.after.label}: {pr.after.title} "
+            f"(`issues/{pr.after.path.name}`). Send it once the issue "
+            "is answered, changed as the answer says.\n\n"
+        )
+        body = render_pr_body(
+            info,
+            base,
+            cells,
+            issue_lines([info])[0],
+            checked.get(info.name),
+            summaries,
+        )
+        f.with_suffix(".md").write_text(waits + body)
+    if sub.issues:
+        (into / "issues").mkdir()
+    for issue in sub.issues:
+        waiting = sub.waiting_on(issue) or ["nothing in this series"]
+        text = issue.path.read_text().rstrip("\n")
+        text += "\n\n### Waiting on this issue\n\n"
+        text += "".join(f"- {w}\n" for w in waiting)
+        (into / "issues" / issue.path.name).write_text(text)
+
+
+def _groups(sub) -> str:
+    """The cover letter's three groups: the PRs to send now, those that
+    wait on a design issue, and what the fork's wheel carries beyond the
+    PRs (``submission``)."""
+
+    def subject(path):
+        return series.parse_patch(path).subject
+
+    lines = ["", "Send now, in this order:"]
+    lines += [f"  {p.number:2d}. {subject(p.patch)}" for p in sub.send_now]
+    lines += ["", "Design issues to open first (issues/):"]
+    lines += [f"  {i.label}: {i.title}" for i in sub.issues] or ["  none"]
+    lines += ["", "After their design issue (pending/):"]
+    lines += [
+        f"  {p.number:2d}. {subject(p.patch)} (after {p.after.label})"
+        for p in sub.pending
+    ] or ["  none"]
+    lines += ["", "Carried in the fork's wheel only, never sent as a PR:"]
+    lines += [
+        f"  - {subject(c.patch)} (waits on {c.waits_on})" for c in sub.carried
+    ] or ["  none"]
+    return "\n".join(lines) + "\n"
 
 
 def author_identity(root: Path) -> str | None:
