@@ -2,8 +2,9 @@
 
 ``integration_tests/`` (the harness, every fix's tests and ``fix.toml``)
 is packaged as ``keras_fork_tests``, distribution ``keras-fork-tests``,
-into ``dist/keras_fork_tests-<V>-py3-none-any.whl`` (``V``: this tool's
-version, ``setup.cfg``). It depends on pytest, pytest-timeout and
+into ``dist/keras_fork_tests-<V>+c<digest>-py3-none-any.whl`` (``V``:
+this tool's version, ``setup.cfg``; ``digest``: the fix catalog it holds,
+``catalog_digest``). It depends on pytest, pytest-timeout and
 packaging only: Keras and its backends are whatever the user has. Once
 installed:
 
@@ -20,6 +21,7 @@ and the umask 022, so two builds of one commit are byte-identical.
 from __future__ import annotations
 
 import configparser
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -73,9 +75,31 @@ def version() -> str:
         raise ForkError("setup.cfg has no [metadata] version") from None
 
 
+def catalog_digest() -> str:
+    """The first 12 hex digits of the sha256 over the files the wheel
+    packs (``integration_tests/``: the harness, every fix's tests and
+    ``fix.toml``), path and bytes, in path order: two wheels with the
+    same digest hold the same fix catalog."""
+    h = hashlib.sha256()
+    root = REPO_ROOT / SOURCE
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def wheel_version() -> str:
+    """``<V>+c<digest>``: this tool's version with the catalog's digest as
+    the PEP 440 local label (``c`` first, so that an all-digit digest is
+    not normalized as a number)."""
+    return f"{version()}+c{catalog_digest()}"
+
+
 def wheel_name() -> str:
-    """``keras_fork_tests-<V>-py3-none-any.whl``."""
-    return f"{PACKAGE}-{version()}-py3-none-any.whl"
+    """``keras_fork_tests-<V>+c<digest>-py3-none-any.whl``."""
+    return f"{PACKAGE}-{wheel_version()}-py3-none-any.whl"
 
 
 def _stage(src: Path) -> None:
@@ -89,7 +113,9 @@ def _stage(src: Path) -> None:
     )
     (src / "pyproject.toml").write_text(
         PYPROJECT.format(
-            distribution=DISTRIBUTION, version=version(), package=PACKAGE
+            distribution=DISTRIBUTION,
+            version=wheel_version(),
+            package=PACKAGE,
         )
     )
 
@@ -113,4 +139,7 @@ def build(layout: Layout, outdir: Path | None = None) -> Path:
         final = (outdir or layout.dist) / built.name
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(built, final)
+    for older in final.parent.glob(f"{PACKAGE}-*.whl"):
+        if older != final:  # another catalog's: one tests wheel in dist/
+            older.unlink()
     return final
