@@ -225,16 +225,18 @@ def issue_lines(infos: list[series.PatchInfo]) -> list[str]:
 # agreement, whose boxes the person who sends the PR ticks.
 # Keras's CONTRIBUTING.md (AI-Assisted Contribution Policy): a PR says
 # that an AI agent was used, and a human author understands, tests and
-# defends every line. docs/upstream.md's submission steps ask the person
-# who sends the PR to make this true, or to edit it, before sending.
+# defends every line. Only that author can say what they checked and how:
+# the section is left for them, marked, with nothing written in their name.
 AI_ASSISTANCE = "\n".join(
     [
         "## AI assistance",
         "",
-        "An AI coding agent wrote this change, its tests and this "
-        "description. I have read and understand every line, ran the tests "
-        "on each backend they run on, and will answer review myself "
-        "(CONTRIBUTING.md, AI-Assisted Contribution Policy).",
+        "<!-- TO BE WRITTEN BY THE SUBMITTER, in your own words, before "
+        "sending: that an AI coding agent prepared this change, its tests "
+        "and this description with you; what you read and checked "
+        "yourself; how and on which backends you ran the tests "
+        "(CONTRIBUTING.md, AI-Assisted Contribution Policy). Then delete "
+        "this comment. -->",
         "",
     ]
 )
