@@ -156,6 +156,18 @@ def proof_cells(layout: Layout) -> list[dict]:
         return []
 
 
+def pr_cells(layout: Layout, base: Base, cells: list[dict]) -> list[dict]:
+    """The proof cells a PR body of ``base`` may report: those of fixes
+    that no carried patch of ``base`` carries too. The integration tests
+    run on the wheel, so a fix the wheel carries beyond its PR passes them
+    with more than the PR (``submission``)."""
+    sub = submission.read(layout, base)
+    carried = {
+        f for c in sub.carried for f in series.parse_patch(c.patch).fixes
+    }
+    return [c for c in cells if c.get("fix") not in carried]
+
+
 def pr_check_rows(layout: Layout, base: Base) -> dict:
     """The rows of the last ``pr-check`` of ``base``
     (``dist/pr-check-<V>.json``) by patch file name, each with the
@@ -512,7 +524,7 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
         chain = [p.patch for p in sub.send_now]
     infos = [series.parse_patch(p) for p in chain]
     repo_only = series.read_repo_only(layout, base)
-    cells = proof_cells(layout)
+    cells = pr_cells(layout, base, proof_cells(layout))
     into.mkdir()
     if infos:  # an empty series has nothing to send, not even a cover
         if base.sdist_tests:

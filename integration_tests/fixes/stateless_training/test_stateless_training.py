@@ -2,12 +2,12 @@
 
 A training loop built on ``stateless_call`` must pass ``training=True`` and
 thread the returned non-trainable variables (BatchNorm statistics, RNG seed
-state) into the next call. Stock Keras 3.15.1 says nothing when a gradient
-step omits ``training``: the model silently runs in inference mode. The fork
-warns once per model when ``training`` is not passed to a model that acts on
-it, in a gradient step or not (no public API tells a gradient step apart on
-every backend): an inference call passes ``training=False``. Proof tests
-check the warning; the guard tests document what a correct loop gets, and
+state) into the next call. Stock Keras (3.15.1 and master) says nothing when a
+gradient step omits ``training``: the model silently runs in inference mode.
+The fork warns once per model when ``training`` is not passed to a model that
+acts on it, in a gradient step or not (no public API tells a gradient step
+apart on every backend): an inference call passes ``training=False``. Proof
+tests check the warning; the guard tests document what a correct loop gets, and
 what a loop that does not thread the state gets.
 """
 
