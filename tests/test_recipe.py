@@ -515,6 +515,27 @@ def test_not_alone_names_a_patch_that_needs_an_earlier_one(upstream):
     assert series.git(tree, "status", "--porcelain") == ""
 
 
+def test_a_carried_patch_need_not_apply_alone_on_master(upstream):
+    """A master series may carry a patch that is not a PR (listed after a
+    ``# carried`` line of ``.submission``): it may build on an earlier
+    PR; every other patch must still apply alone."""
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    names, _ = _two_chained_patches(layout, base, tree)
+    (failed,) = series.prs_not_alone(layout, base, tree)
+    assert failed.startswith(f"{names[1]}: error: patch failed")
+    submission = series.series_dir(layout, base) / series.SUBMISSION_FILE
+    submission.write_text(f"{names[0]}\n# carried: not a PR\n{names[1]}\n")
+    assert series.read_carried(layout, base) == {names[1]}
+    assert [p.name for p in series.read_submission(layout, base)] == names
+    assert series.prs_not_alone(layout, base, tree) == []
+    # Carrying the first patch does not exempt the second, which needs it.
+    submission.write_text(f"{names[1]}\n# carried: not a PR\n{names[0]}\n")
+    assert series.read_carried(layout, base) == {names[0]}
+    (failed,) = series.prs_not_alone(layout, base, tree)
+    assert failed.startswith(f"{names[1]}: error: patch failed")
+
+
 def test_export_keeps_the_test_hunks_a_tree_without_tests_lacks(upstream):
     """A keras-nightly tree has no test files: re-exporting an edited commit
     keeps the test hunks of the patch file of the same name."""

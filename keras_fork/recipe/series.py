@@ -32,6 +32,9 @@ ORDER_FILE = ".patches"
 # The order in which a master series' PRs are sent upstream (issue 38), when
 # it differs from the order they apply in (``ORDER_FILE``, a rebase chain).
 SUBMISSION_FILE = ".submission"
+# In ``.submission``, the patches listed after a comment line starting with
+# this are carried in the wheel, not sent as PRs (``read_carried``).
+CARRIED_MARK = "# carried"
 REPO_ONLY = "repo-only"
 PRISTINE_TAG = "pristine"
 # Trailers that describe the patch for the fork only (DEP-3 style); they are
@@ -341,6 +344,26 @@ def read_submission(layout: Layout, base: Base) -> list[Path]:
     return [known[n] for n in names]
 
 
+def read_carried(layout: Layout, base: Base) -> set[str]:
+    """The names of the patches of ``base``'s series that are carried in
+    the wheel but are not PRs: those ``.submission`` lists after a comment
+    line that starts with ``CARRIED_MARK`` (``# carried``), e.g. a change
+    built on PRs of the series while its design question is open. They
+    need not apply alone on the pristine base (``checked_tree``). Empty
+    without a ``.submission``.
+    """
+    order = series_dir(layout, base) / SUBMISSION_FILE
+    if not order.is_file():
+        return set()
+    carried, names = False, set()
+    for ln in order.read_text().splitlines():
+        if ln.startswith(CARRIED_MARK):
+            carried = True
+        elif carried and ln.strip() and not ln.startswith("#"):
+            names.add(ln.strip())
+    return names
+
+
 def read_repo_only(layout: Layout, base: Base) -> list[Path]:
     """Patches to upstream files that are not in the sdist (e.g.
     ``examples/``), kept in ``patches/<version>/repo-only/``.
@@ -446,6 +469,14 @@ def not_alone(tree: Path, patches: list[Path]) -> list[str]:
                 error = (proc.stderr.strip().splitlines() or ["?"])[0]
                 failed.append(f"{patch.name}: {error}")
     return failed
+
+
+def prs_not_alone(layout: Layout, base: Base, tree: Path) -> list[str]:
+    """``not_alone`` for the PRs of ``base``'s series: every patch but the
+    carried ones (``read_carried``), which may build on earlier PRs."""
+    carried = read_carried(layout, base)
+    prs = [p for p in read_series(layout, base) if p.name not in carried]
+    return not_alone(tree, prs)
 
 
 def _failing_file(output: str) -> str:
@@ -720,7 +751,8 @@ def checked_tree(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
         ForkError: what ``materialize`` raises; re-exporting the tree does
             not reproduce ``patches/<V>`` exactly (not in canonical form);
             or, on a ``keras-nightly`` base (master: its PRs go in one by
-            one), a PR that does not apply alone.
+            one), a PR that does not apply alone (a carried patch,
+            ``read_carried``, may need the PRs before it).
     """
     tree = materialize(layout, base, sdist)
     drift = check(layout, base, tree)
@@ -731,7 +763,7 @@ def checked_tree(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
             f"`python -m keras_fork export --base {base.version}`"
         )
     if base.package == "keras-nightly":
-        alone = not_alone(tree, read_series(layout, base))
+        alone = prs_not_alone(layout, base, tree)
         if alone:
             raise ForkError(
                 f"PRs of the master series {base.version} that do not "
