@@ -18,6 +18,7 @@ from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
+from keras_fork.recipe import submission
 from keras_fork.recipe import wheel
 from tests import fake_upstream as fake
 
@@ -513,6 +514,32 @@ def test_not_alone_names_a_patch_that_needs_an_earlier_one(upstream):
     assert series.not_alone(tree, patches[:1]) == []
     assert series.git(tree, "rev-parse", "HEAD") == head
     assert series.git(tree, "status", "--porcelain") == ""
+
+
+def test_a_carried_patch_need_not_apply_alone_on_master(upstream):
+    """A master series may carry a patch that is not a PR (``[[carried]]``
+    of ``submission.toml``): it may build on an earlier PR; every PR must
+    still apply alone."""
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    names, _ = _two_chained_patches(layout, base, tree)
+    (failed,) = series.not_alone(tree, submission.read_submission(layout, base))
+    assert failed.startswith(f"{names[1]}: error: patch failed")
+    toml = series.series_dir(layout, base) / submission.SUBMISSION_FILE
+
+    def carry(pr, carried):
+        toml.write_text(
+            f'[[pr]]\npatch = "{pr}"\n[[carried]]\npatch = "{carried}"\n'
+            'why = "builds on the PR"\nupstream = "keras-team/keras#1"\n'
+        )
+        return submission.read_submission(layout, base)
+
+    prs = carry(names[0], names[1])
+    assert [p.name for p in prs] == [names[0]]
+    assert series.not_alone(tree, prs) == []
+    # Carrying the first patch does not exempt the second, which needs it.
+    (failed,) = series.not_alone(tree, carry(names[1], names[0]))
+    assert failed.startswith(f"{names[1]}: error: patch failed")
 
 
 def test_export_keeps_the_test_hunks_a_tree_without_tests_lacks(upstream):

@@ -12,10 +12,11 @@ seed the job sets; these drills restart for real:
     epoch-1 backup and trains epochs 2 and 3.
 
 Both must end with the weights of one uninterrupted ``fit(epochs=4)``,
-computed in the test process. Stock 3.15.1 (NumPy/JAX and torch paths)
-restarts with the order of epoch 0 after each restart. On TensorFlow stock
+computed in the test process. Stock (NumPy/JAX and torch paths) restarts
+with the orders of the first epochs after each restart. On TensorFlow stock
 repeats one order in every epoch, so a restart cannot go wrong there: guard
-(test_shuffle_epochs.py proves tensorflow).
+(test_shuffle_epochs.py proves tensorflow); it guards the fork's orders
+drawn by the absolute epoch on the tf.data path.
 """
 
 import os
@@ -26,14 +27,9 @@ import pytest
 
 from ...harness import devices
 from ...harness import workers
-from .test_shuffle_epochs import TF_DATA_RESUME_ABSENT
 
 pytestmark = [
-    pytest.mark.fix(
-        "shuffle-epochs",
-        guard_on=("tensorflow",),
-        absent_since=TF_DATA_RESUME_ABSENT,
-    ),
+    pytest.mark.fix("shuffle-epochs", guard_on=("tensorflow",)),
     pytest.mark.topology(
         multi_process=False,
         reason="drills restart one process; not a multi-process test",
