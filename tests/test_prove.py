@@ -679,6 +679,36 @@ def test_absent_since_skips_on_that_base_and_backend_only(
     assert selection.absent_reason(item) == (why if absent else None)
 
 
+@pytest.mark.parametrize(
+    "base, backend, absent",
+    [
+        ("3.15.1", "jax", True),
+        ("3.15.1", "torch", False),
+        ("3.16.0.dev2026102704", "jax", False),
+        (None, "jax", False),
+    ],
+)
+def test_absent_before_skips_before_that_base_only(
+    monkeypatch, base, backend, absent
+):
+    """``absent_before={"<backend>": ("V", why)}``: on the bases before V,
+    on that backend, the test relies on what came with V (master's
+    auto-sharding of a ``PyDataset`` over JAX processes), so the case is
+    skipped at collection with the reason; from V on, and in a plain
+    pytest run without a base, it runs."""
+    why = "no auto-sharded PyDataset before master"
+    mark = pytest.mark.fix(
+        "f", absent_before={"jax": ("3.16.0.dev0", why)}
+    ).mark
+    item = SimpleNamespace(get_closest_marker=lambda name: mark)
+    if base is None:
+        monkeypatch.delenv("PROOF_BASE", raising=False)
+    else:
+        monkeypatch.setenv("PROOF_BASE", base)
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    assert selection.absent_reason(item) == (why if absent else None)
+
+
 def test_a_failure_detail_with_brackets_prints_as_text():
     """gloo's messages start with ``[/path/pair.cc:553]``, which rich would
     read as a closing tag (issue 39: a prove run ended in MarkupError)."""

@@ -63,13 +63,22 @@ def absent_reason(item) -> str | None:
     backend, the fork does not carry what the test checks (e.g. the master
     series leaves it to a design issue), so the case is skipped at
     collection (``markers.NOT_ON_BASE``: why) rather than reported
-    broken; a fix's other tests still decide its cell. Without
-    ``PROOF_BASE`` (a plain ``pytest`` run) the test runs.
+    broken; a fix's other tests still decide its cell.
+    ``absent_before={"<backend>": ("V", "why")}``: the same on the bases
+    before V (what the test relies on came with V, e.g. a master feature).
+    Without ``PROOF_BASE`` (a plain ``pytest`` run) the test runs.
     """
     marker = item.get_closest_marker("fix")
-    absent = marker.kwargs.get("absent_since", {}) if marker else {}
-    version, why = absent.get(os.environ.get("KERAS_BACKEND"), (None, None))
-    return why if _at_or_after(version) else None
+    backend = os.environ.get("KERAS_BACKEND")
+    since = marker.kwargs.get("absent_since", {}) if marker else {}
+    version, why = since.get(backend, (None, None))
+    if _at_or_after(version):
+        return why
+    before = marker.kwargs.get("absent_before", {}) if marker else {}
+    version, why = before.get(backend, (None, None))
+    if version and os.environ.get("PROOF_BASE") and not _at_or_after(version):
+        return why
+    return None
 
 
 def _at_or_after(version: str | None) -> bool:
