@@ -709,6 +709,24 @@ def test_absent_before_skips_before_that_base_only(
     assert selection.absent_reason(item) == (why if absent else None)
 
 
+@pytest.mark.parametrize("several", [False, True])
+def test_unit_runs_skip_multi_device_tests_on_one_device(several):
+    """The unit cells run upstream's test files without Keras's repository
+    conftest.py: ``multi_device`` tests (keras/src/backend/jax/
+    trainer_test.py's JAXTrainerTest) are skipped on one device, as
+    upstream skips them, and run on several."""
+
+    class Item(SimpleNamespace):
+        def add_marker(self, mark):
+            self.marks.append(mark)
+
+    multi = Item(keywords={"multi_device": True}, marks=[])
+    plain = Item(keywords={}, marks=[])
+    selection.skip_multi_device([multi, plain], several=several)
+    assert plain.marks == []
+    assert [m.name for m in multi.marks] == ([] if several else ["skip"])
+
+
 def test_a_failure_detail_with_brackets_prints_as_text():
     """gloo's messages start with ``[/path/pair.cc:553]``, which rich would
     read as a closing tag (issue 39: a prove run ended in MarkupError)."""

@@ -129,6 +129,38 @@ def record_properties(item) -> None:
     item.user_properties.append(("role", role_of(item)))
 
 
+def skip_multi_device(items, several: bool | None = None) -> None:
+    """Skips the Keras unit tests marked ``multi_device`` unless the
+    backend sees several devices, as Keras's repository ``conftest.py``
+    (which the sdist lacks) does: the unit cells run upstream's test
+    files on one device (``keras_fork.proof.runner``).
+
+    Args:
+        items: the collected items.
+        several: whether the backend sees several devices; None: ask the
+            backend (``KERAS_BACKEND``: jax's device count, torch's CUDA
+            devices, one elsewhere).
+    """
+    marked = [i for i in items if "multi_device" in i.keywords]
+    if not marked:
+        return
+    if several is None:
+        backend = os.environ.get("KERAS_BACKEND")
+        if backend == "jax":
+            import jax
+
+            several = jax.device_count() > 1
+        elif backend == "torch":
+            import torch
+
+            several = torch.cuda.device_count() > 1
+        else:
+            several = False
+    if not several:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason="needs several devices"))
+
+
 def is_added_test(name: str, added: set[str] | tuple[str, ...]) -> bool:
     """Whether the collected test ``name`` is one of the ``added`` test
     functions (as a patch's diff names them) or a parameterized case of

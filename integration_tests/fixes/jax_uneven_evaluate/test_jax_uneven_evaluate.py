@@ -7,9 +7,8 @@ auto-sharding (Keras 3.15.1 refuses to auto-shard a ``PyDataset`` over
 processes). With 5 batches process 0 runs 3 test steps and process 1
 runs 2; each step is one computation over both processes, so stock
 ``evaluate()`` (and ``fit()``'s validation) runs process 0's third step
-alone: master waits there forever, 3.15.1 crashes one process while the
-other reports a loss. The fork compares the step counts before the first
-step (one gather of an integer per call) and raises the same
+alone and waits there forever. The fork compares the step counts before
+the first step (one gather of an integer per call) and raises the same
 ``ValueError`` in every process, naming the counts and the remedies (as
 many batches in every process, or ``steps``).
 
@@ -120,9 +119,8 @@ def test_uneven_evaluate_raises_in_every_process(feed):
     count); ``steps=2`` evaluates batches 0 to 3 in both (the mean of rows
     0 to 7: the model is not trained yet).
 
-    Stock: process 0 runs its third test step alone (master waits there
-    forever; 3.15.1 crashes a process). The workers need about 20 s on 2
-    CPU cores; 75 s bounds the run."""
+    Stock: process 0 waits forever in its third test step. The workers
+    need about 20 s on 2 CPU cores; 75 s bounds the run."""
     target = "_per_process_uneven" if feed == "per-process" else "_uneven"
     runs = workers.run_workers(f"{__name__}:{target}", world_size=2, timeout=75)
     texts = ["process 0: 3", "process 1: 2"]
