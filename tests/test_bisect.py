@@ -4,6 +4,7 @@ builds and runs (no build, no network)."""
 import argparse
 import io
 import types
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -139,3 +140,23 @@ def test_a_prefix_with_no_test_is_byte_compiled_instead_of_built(tmp_path):
     packaging = tmp_path / "0002-y.patch"
     packaging.write_text("diff --git a/pyproject.toml b/pyproject.toml\n")
     assert bisect._touches_packaging(packaging)
+
+
+@pytest.mark.parametrize(
+    "code, may_select_none, passed",
+    [(5, True, True), (5, False, False), (1, True, False), (0, False, True)],
+)
+def test_a_multi_device_pass_may_select_no_added_test(
+    monkeypatch, code, may_select_none, passed
+):
+    """The jax 8-device pass of a patch that adds tests, none of them
+    ``multi_device``, to a file with such tests (3.15.1's
+    keras/src/backend/jax/trainer_test.py) selects none: pytest's exit
+    code 5 passes there, nowhere else."""
+    monkeypatch.setattr(
+        bisect, "_pytest", lambda *args: (code, "9 deselected in 0.06s")
+    )
+    run = bisect.PrefixRun(
+        17, "jax, 8 devices", (), {}, Path("."), may_select_none
+    )
+    assert bisect.run_prefix_tests(run)[0] is passed

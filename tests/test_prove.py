@@ -679,6 +679,54 @@ def test_absent_since_skips_on_that_base_and_backend_only(
     assert selection.absent_reason(item) == (why if absent else None)
 
 
+@pytest.mark.parametrize(
+    "base, backend, absent",
+    [
+        ("3.15.1", "jax", True),
+        ("3.15.1", "torch", False),
+        ("3.16.0.dev2026102704", "jax", False),
+        (None, "jax", False),
+    ],
+)
+def test_absent_before_skips_before_that_base_only(
+    monkeypatch, base, backend, absent
+):
+    """``absent_before={"<backend>": ("V", why)}``: on the bases before V,
+    on that backend, the test relies on what came with V (master's
+    auto-sharding of a ``PyDataset`` over JAX processes), so the case is
+    skipped at collection with the reason; from V on, and in a plain
+    pytest run without a base, it runs."""
+    why = "no auto-sharded PyDataset before master"
+    mark = pytest.mark.fix(
+        "f", absent_before={"jax": ("3.16.0.dev0", why)}
+    ).mark
+    item = SimpleNamespace(get_closest_marker=lambda name: mark)
+    if base is None:
+        monkeypatch.delenv("PROOF_BASE", raising=False)
+    else:
+        monkeypatch.setenv("PROOF_BASE", base)
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    assert selection.absent_reason(item) == (why if absent else None)
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_unit_runs_skip_multi_device_tests_on_one_device(several):
+    """The unit cells run upstream's test files without Keras's repository
+    conftest.py: ``multi_device`` tests (keras/src/backend/jax/
+    trainer_test.py's JAXTrainerTest) are skipped on one device, as
+    upstream skips them, and run on several."""
+
+    class Item(SimpleNamespace):
+        def add_marker(self, mark):
+            self.marks.append(mark)
+
+    multi = Item(keywords={"multi_device": True}, marks=[])
+    plain = Item(keywords={}, marks=[])
+    selection.skip_multi_device([multi, plain], several=several)
+    assert plain.marks == []
+    assert [m.name for m in multi.marks] == ([] if several else ["skip"])
+
+
 def test_a_failure_detail_with_brackets_prints_as_text():
     """gloo's messages start with ``[/path/pair.cc:553]``, which rich would
     read as a closing tag (issue 39: a prove run ended in MarkupError)."""

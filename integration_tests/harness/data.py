@@ -110,21 +110,24 @@ def torch_train(
             on_epoch_end(epoch)
 
 
-def index_rows(num_batches, batch_size, first=0, targets=False):
+def index_rows(num_batches, batch_size, first=0, targets=False, stride=1):
     """A ``keras.utils.PyDataset`` whose rows say which they are: batch
-    ``i`` holds rows ``first + i * batch_size`` to ``first + (i + 1) *
-    batch_size - 1``, each the float32 value of its index, shape
+    ``i`` holds the ``batch_size`` rows from ``first + i * stride *
+    batch_size`` on, each the float32 value of its index, shape
     ``(batch_size, 1)``; with ``targets``, ``(x, zeros)``. Auto-sharded
     over processes, each process's output then shows which batches it
-    read (the data-parallel ``predict`` and ``evaluate`` fixes).
+    read (the data-parallel ``predict`` and ``evaluate`` fixes); with
+    ``first=p * batch_size, stride=n``, process ``p`` of ``n`` feeds the
+    batches ``p``, ``p + n``, ... itself.
 
     Args:
         num_batches: ``len()`` of the dataset.
         batch_size: rows per batch.
         first: the index of the first row.
         targets: also yield targets of zero.
+        stride: batch ``i`` is batch ``i * stride`` of the rows.
     """
-    return _index_rows_class()(num_batches, batch_size, first, targets)
+    return _index_rows_class()(num_batches, batch_size, first, targets, stride)
 
 
 @functools.cache
@@ -135,7 +138,7 @@ def _index_rows_class():
     import numpy as np
 
     class IndexRows(keras.utils.PyDataset):
-        def __init__(self, num_batches, batch_size, first, targets):
+        def __init__(self, num_batches, batch_size, first, targets, stride):
             super().__init__()
             # Not `num_batches`: `PyDataset` has a read-only property so
             # named.
@@ -143,12 +146,13 @@ def _index_rows_class():
             self.rows = batch_size
             self.first = first
             self.targets = targets
+            self.stride = stride
 
         def __len__(self):
             return self.batches
 
         def __getitem__(self, i):
-            start = self.first + i * self.rows
+            start = self.first + i * self.stride * self.rows
             x = np.arange(start, start + self.rows, dtype="float32")
             x = x[:, None]
             return (x, np.zeros_like(x)) if self.targets else x
@@ -182,3 +186,21 @@ def identity_predictions(x, steps_per_execution=1, steps=None):
     if not np.array_equal(second, 2.0 * first):
         return f"the outputs disagree: {first.tolist()} {second.tolist()}"
     return first[:, 0].tolist()
+
+
+def process_index_rows(rank, world_size, num_batches, batch_size, **kwargs):
+    """Process ``rank``'s part of ``index_rows(num_batches, batch_size)``,
+    fed by the process itself (``auto_shard_dataset=False``): its batches
+    ``rank``, ``rank + world_size``, ..., the ones auto-sharding reads for
+    it on Keras master. The processes' batches of one step, in process
+    order, make up the global batch.
+
+    Args:
+        rank, world_size: the process and the number of processes.
+        num_batches, batch_size: the global dataset's, as ``index_rows``.
+        **kwargs: ``targets``, passed to ``index_rows``.
+    """
+    own = len(range(rank, num_batches, world_size))
+    return index_rows(
+        own, batch_size, first=rank * batch_size, stride=world_size, **kwargs
+    )

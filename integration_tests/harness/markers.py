@@ -46,12 +46,14 @@ TOO_FEW_DEVICES = "too few devices"
 NOT_APPLICABLE = "not applicable on this topology"
 # The order in which a test's unmet markers give its reason.
 CATEGORIES = (WRONG_BACKEND, TOO_FEW_DEVICES, NOT_APPLICABLE)
-# Not a topology's: the reason of a ``fix(absent_since=...)`` skip
+# Not a topology's: the reason of a ``fix(absent_since=...)`` or
+# ``fix(absent_before=...)`` skip
 # (``selection.absent_reason``), where the base under test lacks what the
 # test checks.
 NOT_ON_BASE = "not applicable on this base"
 MARKERS = (
-    "fix(name, role=, guard_on=, guard_since=, absent_since=): the fix "
+    "fix(name, role=, guard_on=, guard_since=, absent_since=, "
+    "absent_before=): the fix "
     "(fixes/<id>/fix.toml) a proof test proves (harness.selection)",
     "topology(*names, exclude=, backend=, multi_process=, multi_replica=, "
     "strategy=, reason=): the topologies a test runs on; elsewhere it is "

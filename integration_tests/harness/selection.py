@@ -63,13 +63,22 @@ def absent_reason(item) -> str | None:
     backend, the fork does not carry what the test checks (e.g. the master
     series leaves it to a design issue), so the case is skipped at
     collection (``markers.NOT_ON_BASE``: why) rather than reported
-    broken; a fix's other tests still decide its cell. Without
-    ``PROOF_BASE`` (a plain ``pytest`` run) the test runs.
+    broken; a fix's other tests still decide its cell.
+    ``absent_before={"<backend>": ("V", "why")}``: the same on the bases
+    before V (what the test relies on came with V, e.g. a master feature).
+    Without ``PROOF_BASE`` (a plain ``pytest`` run) the test runs.
     """
     marker = item.get_closest_marker("fix")
-    absent = marker.kwargs.get("absent_since", {}) if marker else {}
-    version, why = absent.get(os.environ.get("KERAS_BACKEND"), (None, None))
-    return why if _at_or_after(version) else None
+    backend = os.environ.get("KERAS_BACKEND")
+    since = marker.kwargs.get("absent_since", {}) if marker else {}
+    version, why = since.get(backend, (None, None))
+    if _at_or_after(version):
+        return why
+    before = marker.kwargs.get("absent_before", {}) if marker else {}
+    version, why = before.get(backend, (None, None))
+    if version and os.environ.get("PROOF_BASE") and not _at_or_after(version):
+        return why
+    return None
 
 
 def _at_or_after(version: str | None) -> bool:
@@ -118,6 +127,38 @@ def record_properties(item) -> None:
     """
     item.user_properties.append(("fix", fix_of(item)))
     item.user_properties.append(("role", role_of(item)))
+
+
+def skip_multi_device(items, several: bool | None = None) -> None:
+    """Skips the Keras unit tests marked ``multi_device`` unless the
+    backend sees several devices, as Keras's repository ``conftest.py``
+    (which the sdist lacks) does: the unit cells run upstream's test
+    files on one device (``keras_fork.proof.runner``).
+
+    Args:
+        items: the collected items.
+        several: whether the backend sees several devices; None: ask the
+            backend (``KERAS_BACKEND``: jax's device count, torch's CUDA
+            devices, one elsewhere).
+    """
+    marked = [i for i in items if "multi_device" in i.keywords]
+    if not marked:
+        return
+    if several is None:
+        backend = os.environ.get("KERAS_BACKEND")
+        if backend == "jax":
+            import jax
+
+            several = jax.device_count() > 1
+        elif backend == "torch":
+            import torch
+
+            several = torch.cuda.device_count() > 1
+        else:
+            several = False
+    if not several:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason="needs several devices"))
 
 
 def is_added_test(name: str, added: set[str] | tuple[str, ...]) -> bool:

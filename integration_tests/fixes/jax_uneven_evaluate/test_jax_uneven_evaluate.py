@@ -1,14 +1,16 @@
 """Proof of the uneven-evaluate fix of JAX ``DataParallel`` over processes.
 
-On Keras master, ``keras.distribution.DataParallel(auto_shard_dataset=
-True)`` over 2 JAX processes (``jax/procs-2``) gives process ``p`` the
-batches ``p``, ``p + 2``, ... of a ``PyDataset``. With 5 batches process 0
-runs 3 test steps and process 1 runs 2; each step is one computation over
-both processes, so stock ``evaluate()`` (and ``fit()``'s validation) waits
-forever in process 0's third step. The fork compares the step counts
-before the first step (one gather of an integer per call) and raises the
-same ``ValueError`` in every process, naming the counts and the remedies
-(a batch count that is a multiple of the process count, or ``steps``).
+Over 2 JAX processes (``jax/procs-2``), process ``p`` feeds the batches
+``p``, ``p + 2``, ... of a ``PyDataset``: itself (``auto_shard_dataset=
+False``, on both bases) or, on Keras master, by ``DataParallel``'s
+auto-sharding (Keras 3.15.1 refuses to auto-shard a ``PyDataset`` over
+processes). With 5 batches process 0 runs 3 test steps and process 1
+runs 2; each step is one computation over both processes, so stock
+``evaluate()`` (and ``fit()``'s validation) runs process 0's third step
+alone and waits there forever. The fork compares the step counts before
+the first step (one gather of an integer per call) and raises the same
+``ValueError`` in every process, naming the counts and the remedies (as
+many batches in every process, or ``steps``).
 
 Checked with an identity model (a ``Dense`` with a kernel of ones, no
 bias) and targets of zero, so the mean absolute error is the mean of the
@@ -33,6 +35,24 @@ BATCH = 2
 
 
 Rows = functools.partial(data.index_rows, batch_size=BATCH, targets=True)
+# How the processes get their batches: each feeds its own (both bases), or
+# master's DataParallel auto-shards one PyDataset.
+FEEDS = [
+    "per-process",
+    pytest.param(
+        "auto-sharded",
+        marks=pytest.mark.fix(
+            "jax-uneven-evaluate",
+            absent_before={
+                "jax": (
+                    "3.16.0.dev0",
+                    "Keras 3.15.1 refuses to auto-shard a PyDataset over "
+                    "processes (the per-process case feeds the same batches)",
+                )
+            },
+        ),
+    ),
+]
 
 
 def _identity_model():
@@ -51,45 +71,66 @@ def _outcome(run):
         return f"{type(e).__name__}: {e}"
 
 
-def _uneven(rank, world_size):
-    """In a ``jax/procs-2`` worker: ``evaluate`` on 5 auto-sharded batches
-    (3 and 2 per process), the remedy ``steps=2``, then ``fit``'s
-    validation on the 5 batches."""
+def _uneven(rank, world_size, feed="auto-sharded"):
+    """In a ``jax/procs-2`` worker: ``evaluate`` on 5 batches (3 and 2 per
+    process), the remedy ``steps=2``, then ``fit``'s validation on the 5
+    batches."""
     import jax
 
-    devices.jax_processes(rank, world_size)
-    distribution = keras.distribution.DataParallel(
-        devices=jax.devices(), auto_shard_dataset=True
-    )
+    if feed == "auto-sharded":
+        devices.jax_processes(rank, world_size)
+        distribution = keras.distribution.DataParallel(
+            devices=jax.devices(), auto_shard_dataset=True
+        )
+        rows = Rows
+    else:
+        distribution = devices.jax_processes(rank, world_size)
+        rows = functools.partial(
+            data.process_index_rows,
+            rank,
+            world_size,
+            batch_size=BATCH,
+            targets=True,
+        )
     with distribution.scope():
         model = _identity_model()
-        evaluated = _outcome(lambda: model.evaluate(Rows(5), verbose=0))
-        capped = _outcome(lambda: model.evaluate(Rows(5), steps=2, verbose=0))
+        evaluated = _outcome(lambda: model.evaluate(rows(5), verbose=0))
+        capped = _outcome(lambda: model.evaluate(rows(5), steps=2, verbose=0))
         validated = _outcome(
             lambda: (
                 model.fit(
-                    Rows(4), validation_data=Rows(5), epochs=1, verbose=0
+                    rows(4), validation_data=rows(5), epochs=1, verbose=0
                 ).history
             )
         )
     return evaluated, validated, capped
 
 
+def _per_process_uneven(rank, world_size):
+    return _uneven(rank, world_size, "per-process")
+
+
 @pytest.mark.topology("procs-2")
-def test_uneven_evaluate_raises_in_every_process():
+@pytest.mark.parametrize("feed", FEEDS)
+def test_uneven_evaluate_raises_in_every_process(feed):
     """jax/procs-2: ``evaluate()`` and ``fit(validation_data=...)`` on 5
-    batches raise a ``ValueError`` naming 3 and 2 steps in both processes;
-    ``steps=2`` evaluates batches 0 to 3 in both (the mean of rows 0 to
-    7: the model is not trained yet).
+    batches raise a ``ValueError`` naming 3 and 2 steps in both processes
+    (and, auto-sharded, a batch count that is a multiple of the process
+    count); ``steps=2`` evaluates batches 0 to 3 in both (the mean of rows
+    0 to 7: the model is not trained yet).
 
     Stock: process 0 waits forever in its third test step. The workers
     need about 20 s on 2 CPU cores; 75 s bounds the run."""
-    runs = workers.run_workers(f"{__name__}:_uneven", world_size=2, timeout=75)
+    target = "_per_process_uneven" if feed == "per-process" else "_uneven"
+    runs = workers.run_workers(f"{__name__}:{target}", world_size=2, timeout=75)
+    texts = ["process 0: 3", "process 1: 2"]
+    if feed == "auto-sharded":
+        texts.append("a multiple")
     for rank, (evaluated, validated, capped) in enumerate(runs):
         for name, outcome in (("evaluate", evaluated), ("fit", validated)):
             assert isinstance(outcome, str), f"{rank} {name}: {outcome}"
             assert outcome.startswith("ValueError"), f"{rank}: {outcome}"
-            for text in ("process 0: 3", "process 1: 2", "a multiple"):
+            for text in texts:
                 assert text in outcome, f"process {rank} {name}: {outcome}"
         assert isinstance(capped, float), f"process {rank}: {capped}"
     assert runs[0][2] == runs[1][2] == 3.5, runs
