@@ -387,9 +387,9 @@ def carried_lines(layout: pins.Layout) -> str:
         for c in submission.read(layout, base).carried:
             info = series.parse_patch(c.patch)
             fixes = ", ".join(f"`{f}`" for f in info.fixes)
+            waits = f"design {c.issue.label}" if c.issue else c.upstream
             lines.append(
-                f"- {base.version} ({fixes}): {info.subject}; waits on "
-                f"{c.waits_on}"
+                f"- {base.version} ({fixes}): {info.subject}; waits on {waits}"
             )
     return "\n".join(lines or ["- none"]) + "\n"
 
