@@ -169,43 +169,62 @@ def prepare_prefix(
         layout, base, patches, tmp, source_only=False
     )
     target = tmp / "site"
-    runs = []
     # A keras-nightly tree has only the test files the series creates; its
     # prefixes still build (the test hunks run on a Keras checkout).
     tests = [t for t in touched_test_files(patches[-1:]) if (tree / t).exists()]
-    for backend in backends:
-        mine = [t for t in tests if backend in backends_for(t, backends)]
-        if not mine:
-            continue
-        work = _test_root(tree, mine, tmp / f"tests-{backend}")
-        for label, topo_env, select in _passes(backend, tree, mine):
-            env = variants.child_env(
-                target,
-                topology_env={**variants.compile_cache_env(layout), **topo_env},
-                with_repo=False,
-            )
-            if not whole_files:
-                select = [
-                    *select,
-                    "-k",
-                    added_test_selection(patches[-1], mine),
-                ]
-            runs.append(
-                PrefixRun(
-                    k,
-                    label,
-                    _pytest_cmd(work, select),
-                    env,
-                    work,
-                    may_select_none=not whole_files and "-m" in select,
-                )
-            )
+    runs = [
+        run
+        for backend in backends
+        for run in _backend_runs(
+            layout,
+            k,
+            patches[-1],
+            tree,
+            tests,
+            backend,
+            backends,
+            tmp,
+            whole_files,
+        )
+    ]
     if runs or _touches_packaging(patches[-1]):
         whl = wheel.build(scratch, base, tree)
         if runs:
             _install(whl, target)
     else:
         _compiles(tree, patches[-1])
+    return runs
+
+
+def _backend_runs(
+    layout, k, patch, tree, tests, backend, backends, tmp, whole_files
+) -> list[PrefixRun]:
+    """The pytest runs of prefix ``k`` on ``backend`` (see
+    ``prepare_prefix``): one a pass of ``_passes`` over the test files of
+    ``tests`` that this backend runs; none when it runs none of them."""
+    mine = [t for t in tests if backend in backends_for(t, backends)]
+    if not mine:
+        return []
+    work = _test_root(tree, mine, tmp / f"tests-{backend}")
+    runs = []
+    for label, topo_env, select in _passes(backend, tree, mine):
+        env = variants.child_env(
+            tmp / "site",
+            topology_env={**variants.compile_cache_env(layout), **topo_env},
+            with_repo=False,
+        )
+        if not whole_files:
+            select = [*select, "-k", added_test_selection(patch, mine)]
+        runs.append(
+            PrefixRun(
+                k,
+                label,
+                _pytest_cmd(work, select),
+                env,
+                work,
+                may_select_none=not whole_files and "-m" in select,
+            )
+        )
     return runs
 
 
