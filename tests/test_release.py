@@ -17,6 +17,7 @@ from keras_fork.proof import fixes
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
+from keras_fork.recipe import submission
 from keras_fork.recipe import wheel
 from keras_fork.upstream import prseries
 
@@ -55,27 +56,32 @@ def test_pr_series_applies_to_the_pristine_sdist(base, tmp_path):
     series.git(tree, "commit", "-qm", "pristine", env=env)
     folder = prseries.pr_series_dir(LAYOUT, base)
     patches = sorted(folder.glob("0*.patch"))
-    n = len(series.read_series(LAYOUT, base))
+    sub = submission.read(LAYOUT, base)
+    n = len(sub.send_now)
     if n == 0:
         assert patches == []
         return
     assert patches[0].name == "0000-cover-letter.patch"
     # Repo-only patches come last and touch files the sdist lacks.
     assert len(patches) == n + 1 + len(series.read_repo_only(LAYOUT, base))
+    # The PRs that wait on a design issue apply after those sent now, in
+    # their numbers' order, as a maintainer would merge them.
+    waiting = sorted(folder.glob("pending/0*.patch"))
+    assert len(waiting) == len(sub.pending)
+    prs = patches[1 : n + 1] + waiting
     # A keras-nightly sdist has no test files: the series' test hunks are
     # for a Keras git checkout (docs/upstream.md), the rest must apply.
     absent = set()
     if not base.sdist_tests:
-        for p in patches[1 : n + 1]:
+        for p in prs:
             absent.update(series.missing_tests(tree, p))
     excludes = [f"--exclude={f}" for f in sorted(absent)]
-    series.git(
-        tree, "am", "-q", *excludes, *map(str, patches[1 : n + 1]), env=env
-    )
+    series.git(tree, "am", "-q", *excludes, *map(str, prs), env=env)
     log = series.git(tree, "log", "--format=%B", env=env)
     for trailer in series.FORK_TRAILERS:
         assert f"{trailer}: " not in log
-    assert len(series.git(tree, "rev-list", "HEAD", env=env).split()) == n + 1
+    commits = series.git(tree, "rev-list", "HEAD", env=env).split()
+    assert len(commits) == len(prs) + 1
 
 
 def _venv_over_the_test_env(venv):
