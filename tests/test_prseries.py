@@ -377,6 +377,8 @@ def test_master_pr_bodies_read_as_a_colleagues():
         has_proof = "### Integration tests on keras-nightly" in body
         assert has_proof == bool(runs), info.name
         assert not re.search(r"\bstock\b", body, re.I), info.name
+        # A body stands alone: no other PR of the series by its number.
+        assert not re.search(r"\bPRs? \d+", body), info.name
         assert not re.search(r"Fixes \S*#20378\b", body), info.name
         assert not [n for n in names if f"| {n} |" in body or f"`{n}`" in body]
         assert body.count("3.15.1") == body.count("Keras 3.15.1"), info.name

@@ -7,7 +7,7 @@ uninterrupted run. Stock repeats the same order every epoch on the tf.data
 path (TensorFlow backend) and replays the first epochs' orders after a
 resume on the NumPy/JAX and torch paths. On the master base the tf.data
 path's resume is a patch the fork carries on top of its PRs (the design
-question is open, docs/upstream.md "For PR 23").
+question is open: design issue 08 of the master PR series).
 """
 
 import keras
