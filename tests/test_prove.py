@@ -445,9 +445,9 @@ def test_unit_cells_share_one_run_per_backend_and_variant(
     xml = tmp_path / "shared.xml"
     xml.write_text(
         '<testsuites><testsuite tests="3" failures="1">'
-        '<testcase name="test_1" file="a_test.py"/>'
-        '<testcase name="test_x" file="a_test.py"><skipped/></testcase>'
-        '<testcase name="test_2" file="b_test.py"><failure message="no"/>'
+        '<testcase name="test_1" file="tests/a_test.py"/>'
+        '<testcase name="test_x" file="tests/a_test.py"><skipped/></testcase>'
+        '<testcase name="test_2" file="tests/b_test.py"><failure message="no"/>'
         "</testcase></testsuite></testsuites>"
     )
     monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)

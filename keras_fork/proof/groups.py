@@ -34,6 +34,21 @@ class UnitTests:
     names: tuple[str, ...]
 
 
+def unit_file_label(path: Path) -> str:
+    """Where a unit run puts a touched Keras test file (``runner``), as
+    pytest then names it relative to the run's folder: its package path
+    below the tree's ``keras/src`` as one folder name, then the file, e.g.
+    ``keras_src_backend_jax/trainer_test.py``, so that two test files of
+    one name (``trainers/trainer_test.py``, ``backend/jax/trainer_test.py``)
+    stay apart."""
+    parts = path.parts
+    starts = [
+        i for i in range(len(parts) - 1) if parts[i : i + 2] == ("keras", "src")
+    ]
+    folder = parts[starts[-1] if starts else len(parts) - 1 : -1]
+    return "/".join(["_".join(folder) or "tests", path.name])
+
+
 def unit_tests(layout: pins.Layout, base: pins.Base, fix: str) -> UnitTests:
     """Collects the unit tests added by the patches marked ``Fork-Fix: fix``
     in the series of ``base`` (files from ``build/trees/<version>``)."""
@@ -173,7 +188,7 @@ def owns(group: Group, cell: Cell, case: dict) -> bool:
     if not group.units:
         return case.get("fix") == cell.fix
     unit = group.units[group.cells.index(cell)]
-    if Path(case["file"]).name not in {f.name for f in unit.files}:
+    if case["file"] not in {unit_file_label(f) for f in unit.files}:
         return False
     return group.variant == "fork" or is_added_test(case["name"], unit.names)
 

@@ -28,6 +28,7 @@ from integration_tests.harness import progress as progress_plugin
 from integration_tests.harness import run
 from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
+from keras_fork.proof import groups
 from keras_fork.proof.fixes import Cell
 from keras_fork.proof.fixes import device_topology
 from keras_fork.proof.groups import Group
@@ -106,13 +107,20 @@ def _unit_selection(group: Group) -> dict[str, str]:
 
 
 def _unit_workdir(workdir: Path, unit: UnitTests) -> None:
+    """Lays out a unit run's folder: each touched test file in a package
+    named after its folder in the tree (``groups.unit_file_label``), so
+    that pytest imports two files of one name as different modules, and
+    the conftest that selects the tests."""
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     for f in unit.files:
-        if (workdir / f.name).exists():
-            raise ForkError(f"two unit test files named {f.name}")
-        shutil.copyfile(f, workdir / f.name)
+        dest = workdir / groups.unit_file_label(f)
+        if dest.exists():
+            raise ForkError(f"two unit test files at {dest}")
+        dest.parent.mkdir(exist_ok=True)
+        (dest.parent / "__init__.py").touch()
+        shutil.copyfile(f, dest)
     (workdir / "pytest.ini").write_text("[pytest]\n")
     (workdir / "conftest.py").write_text(UNIT_CONFTEST)
 
