@@ -591,13 +591,13 @@ def _write_waiting(layout, base, into: Path, sub, cells) -> None:
     ``issues/`` (each design issue, with what waits on it)."""
     checked = pr_check_rows(layout, base)
     summaries = fix_summaries(layout)
+    author = author_identity(layout.root)
     if sub.pending:
         (into / "pending").mkdir()
     for pr in sub.pending:
         info = series.parse_patch(pr.patch)
         f = _copy_patches(into / "pending", [pr.patch], pr.number - 1)[0]
         text = f.read_text()
-        author = author_identity(layout.root)
         if author:
             text = re.sub(r"^From: .*$", f"From: {author}", text, 1, re.M)
         f.write_text(series.strip_fork_trailers(text))
