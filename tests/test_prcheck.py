@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from keras_fork.errors import ForkError
+from keras_fork.recipe import pins
 from keras_fork.recipe import series
 from keras_fork.upstream import prcheck
 
@@ -150,3 +151,47 @@ def test_a_pass_that_selects_no_test_does_not_fail_the_pr(monkeypatch):
     outcomes = iter([(5, "1 deselected"), (5, "1 deselected")])
     out = prcheck.run_tests(Path("."), Path("p.patch"), ("jax",))
     assert out["jax"] == "-"
+
+
+def test_in_order_applies_each_pr_on_the_ones_before_it(tmp_path):
+    """PRs that add tests at different places of one file apply in order;
+    one that adds at the same place as an earlier PR conflicts there (as
+    `git am -3` does for a maintainer), is named with the file, and the
+    next PR still goes on."""
+    repo = _repo(tmp_path)
+    end = _patch(
+        repo,
+        tmp_path,
+        "end",
+        SOURCE,
+        TEST + "\n\ndef test_end():\n    assert order(0) == []\n",
+    )
+    same_spot = _patch(
+        repo,
+        tmp_path,
+        "same-spot",
+        SOURCE,
+        TEST + "\n\ndef test_end_too():\n    assert order(1) == [0]\n",
+    )
+    top = _patch(
+        repo,
+        tmp_path,
+        "top",
+        SOURCE.replace("return 0", "return 1"),
+        "import math\n" + TEST,
+    )
+    with prcheck.checkout.worktree(repo, "master") as (tree, _):
+        rows = prcheck.in_order(tree, [end, same_spot, top])
+        text = (tree / "keras/src/shuffle_test.py").read_text()
+    assert [r["applies"] for r in rows] == [True, False, True]
+    assert "keras/src/shuffle_test.py" in rows[1]["error"]
+    assert "CONFLICT" in rows[1]["error"]
+    assert text.startswith("import math\n") and "test_end()" in text
+    assert "test_end_too" not in text
+
+
+def test_in_order_needs_a_written_series(tmp_path):
+    layout = pins.Layout.default(tmp_path)
+    base = argparse.Namespace(version="9.9.9")
+    with pytest.raises(ForkError, match="no PR in"):
+        prcheck.series_files(layout, base)

@@ -5,6 +5,7 @@ These tests need no network and no real Keras; each builds a small fake
 ``keras-9.9.9`` sdist in a temporary folder.
 """
 
+import dataclasses
 import json
 import re
 import zipfile
@@ -470,17 +471,34 @@ def test_submission_toml_names_every_problem(upstream):
         assert problem in str(e.value)
 
 
+def _chain_blobs(tree: Path, patch: Path) -> list[str]:
+    """The source files whose ``index`` line in ``patch`` names a blob
+    other than the pristine source's (a blob of the series' chain)."""
+    text = patch.read_text()
+    pairs = re.findall(r"(?m)^diff --git a/(\S+) .*\nindex (\w+)\.\.", text)
+    return [
+        path
+        for path, blob in pairs
+        if not path.endswith("_test.py")
+        and blob != series.git(tree, "rev-parse", f"pristine:{path}").strip()
+    ]
+
+
 def test_the_master_pr_series_sends_prs_and_never_a_carried_patch(
     tmp_path,
 ):
     """The real master series: the PRs to send now are numbered 1..k, the
     ones that wait go to pending/ with their numbers and the issue they
-    wait on, every design issue lists what waits on it, the cover letter
-    has the three groups, and no carried patch is a PR file."""
+    wait on, every PR's source hunks are cut from the pristine source
+    (their ``index`` lines name its blobs, not the chain's), every design
+    issue lists what waits on it, the cover letter has the three groups,
+    and no carried patch is a PR file."""
     layout = pins.Layout.default()
     (base,) = pins.select_bases(layout, [MASTER])
     sub = submission.read(layout, base)
-    out = prseries.stage(layout, base, None, tmp_path / "series")
+    build = dataclasses.replace(layout, build=tmp_path / "build")
+    tree = submission.checked_tree(build, base)
+    out = prseries.stage(layout, base, tree, tmp_path / "series")
     numbered = sorted(p.name for p in out.glob("[0-9]*.patch"))
     assert len(numbered) == len(sub.send_now) + 1  # the cover letter
     pending = sorted(p.name for p in (out / "pending").glob("*.patch"))
@@ -495,6 +513,8 @@ def test_the_master_pr_series_sends_prs_and_never_a_carried_patch(
         text = (out / "issues" / issue.path.name).read_text()
         assert "### Waiting on this issue" in text
         assert "nothing in this series" not in text, issue.path.name
+    for f in [*out.glob("[0-9]*.patch"), *out.glob("pending/*.patch")]:
+        assert _chain_blobs(tree, f) == [], f.name
     cover = (out / "0000-cover-letter.patch").read_text()
     for heading in ("Send now", "After their design issue", "Carried"):
         assert heading in cover

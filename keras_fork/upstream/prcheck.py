@@ -28,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import bisect
@@ -195,6 +196,53 @@ def _stock_side(worktree: Path, commit: str, patch: Path, backends, row):
         row[f"stock:{key}"] = value
 
 
+def series_files(layout: pins.Layout, base: pins.Base) -> list[Path]:
+    """The PR files of ``dist/pr-series/<V>/`` (``pending/`` included) in
+    the order they are sent: by their number.
+
+    Raises:
+        ForkError: the folder holds no PR (``pr-series`` has not run).
+    """
+    folder = layout.dist / "pr-series" / base.version
+    files = [
+        f
+        for f in [*folder.glob("*.patch"), *folder.glob("pending/*.patch")]
+        if not f.name.startswith("0000-")
+    ]
+    if not files:
+        raise ForkError(f"no PR in {folder}: run pr-series --base {base}")
+    return sorted(files, key=lambda f: f.name)
+
+
+def in_order(worktree: Path, files: list[Path]) -> list[dict]:
+    """Applies ``files`` with ``git am -3`` in ``worktree``, each on top of
+    every earlier one that applied, as a maintainer merges PRs in the
+    order they come: one row a file, ``{"patch", "applies", "error"}``
+    (``error``: git's conflict lines, else its first error line). A file that does
+    not apply is skipped (``git am --abort``) and the next goes on."""
+    rows = []
+    for f in files:
+        proc = checkout.git(
+            worktree,
+            "-c",
+            "user.name=keras-fork",
+            "-c",
+            "user.email=keras-fork@example.invalid",
+            "am",
+            "-3",
+            str(f),
+        )
+        error = None
+        if proc.returncode:
+            lines = (proc.stdout + proc.stderr).splitlines()
+            conflicts = [ln for ln in lines if ln.startswith("CONFLICT")]
+            errors = [ln for ln in lines if ln.startswith("error")]
+            error = "; ".join(conflicts) or (errors or lines or ["?"])[0]
+            checkout.git(worktree, "am", "--abort")
+        rows.append({"patch": f.name, "applies": error is None, "error": error})
+    return rows
+
+
 def add_arguments(p) -> None:
     p.add_argument("--base", required=True, help="the series, e.g. a nightly")
     p.add_argument(
@@ -219,6 +267,13 @@ def add_arguments(p) -> None:
         type=int,
         default=TIMEOUT,
         help=f"seconds a pytest run may take (default {TIMEOUT})",
+    )
+    p.add_argument(
+        "--in-order",
+        action="store_true",
+        help="apply the written PR series (dist/pr-series/<V>/, pending/ "
+        "included) with git am -3, each on top of the ones before it, in "
+        "the order they are sent; no tests run",
     )
     p.add_argument(
         "--pr",
@@ -274,6 +329,8 @@ def main(args, layout: pins.Layout) -> int:
     from rich.table import Table
 
     base = pins.get_base(layout, args.base)
+    if args.in_order:
+        return _main_in_order(args, layout, base)
     backends = tuple(args.backend or BACKENDS)
     every = submission.read_submission(layout, base)
     patches = select_prs(every, args.pr)
@@ -321,3 +378,25 @@ def main(args, layout: pins.Layout) -> int:
     )
     bad = [r for r in checked if r["verdict"] != "proven"]
     return 1 if bad else 0
+
+
+def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
+    """``pr-check --in-order``: prints one row a PR; 1 when one does not
+    apply on top of the ones sent before it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    files = series_files(layout, base)
+    with checkout.worktree(
+        args.upstream_repo, args.rev, args.source, layout, base
+    ) as (tree, _):
+        rows = in_order(tree, files)
+    table = Table(title=f"{base.version}'s PR series in order on {args.rev}")
+    for col in ("PR", "applies on the ones before it"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["patch"], "yes" if r["applies"] else f"[red]no[/]: {r['error']}"
+        )
+    Console(highlight=False).print(table)
+    return 0 if all(r["applies"] for r in rows) else 1

@@ -34,6 +34,7 @@ from keras_fork.recipe import series
 from keras_fork.recipe import submission
 from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
+from keras_fork.upstream import cut
 
 # Upstream reviewers get numbered patches, a cover letter and a diffstat.
 PR_FLAGS = (
@@ -518,14 +519,15 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
         ``into``.
     """
     sub = submission.read(layout, base)
+    into.mkdir()
     if base.sdist_tests:
         chain = series.read_series(layout, base)
-    else:  # sent one PR at a time, in submission order
+    else:  # sent one PR at a time, in submission order, cut from master
+        sub = _cut_from_pristine(tree, sub, into)
         chain = [p.patch for p in sub.send_now]
     infos = [series.parse_patch(p) for p in chain]
     repo_only = series.read_repo_only(layout, base)
     cells = pr_cells(layout, base, proof_cells(layout))
-    into.mkdir()
     if infos:  # an empty series has nothing to send, not even a cover
         if base.sdist_tests:
             files = series.format_patch(tree, into, PR_FLAGS)
@@ -538,7 +540,21 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
         if not base.sdist_tests:
             _write_waiting(layout, base, into, sub, cells)
             files[0].write_text(files[0].read_text() + _groups(sub))
+    shutil.rmtree(into / ".cut", ignore_errors=True)
     return into
+
+
+def _cut_from_pristine(tree: Path, sub, into: Path):
+    """``sub`` with each PR's patch cut from the pristine source
+    (``cut.cut``), written under ``into/.cut/`` (``stage`` removes it)."""
+    scratch = into / ".cut"
+    scratch.mkdir()
+    files = cut.cut(tree, [pr.patch for pr in sub.prs], scratch)
+    prs = tuple(
+        dataclasses.replace(pr, patch=f)
+        for pr, f in zip(sub.prs, files, strict=True)
+    )
+    return dataclasses.replace(sub, prs=prs)
 
 
 def _copy_patches(staged: Path, patches: list[Path], n: int) -> list[Path]:
