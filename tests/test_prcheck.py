@@ -195,3 +195,30 @@ def test_in_order_needs_a_written_series(tmp_path):
     base = argparse.Namespace(version="9.9.9")
     with pytest.raises(ForkError, match="no PR in"):
         prcheck.series_files(layout, base)
+
+
+def test_lint_reads_what_the_series_changed_under_the_checkouts_config(
+    tmp_path,
+):
+    """The merged series is linted with the checkout's own ruff settings
+    (here: line length 40), on the files it changed only."""
+    repo = _repo(tmp_path)
+    (repo / "pyproject.toml").write_text("[tool.ruff]\nline-length = 40\n")
+    env = series.git_env(0)
+    series.git(repo, "add", "-A", env=env)
+    series.git(repo, "commit", "-qm", "config", env=env)
+    formatted = "def order(n):\n    return list(range(n))\n"
+    long_line = _patch(
+        repo,
+        tmp_path,
+        "long",
+        formatted + "\n\nX = 'a string that is longer than forty'\n",
+        TEST,
+    )
+    short = _patch(repo, tmp_path, "short", formatted, TEST)
+    for patch, clean in ((short, True), (long_line, False)):
+        with prcheck.checkout.worktree(repo, "master") as (tree, commit):
+            prcheck.in_order(tree, [patch])
+            problems = prcheck.lint(tree, commit)
+        assert (problems == []) is clean, problems
+    assert any("shuffle.py" in line for line in problems)

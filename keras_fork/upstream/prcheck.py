@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -218,8 +219,9 @@ def in_order(worktree: Path, files: list[Path]) -> list[dict]:
     """Applies ``files`` with ``git am -3`` in ``worktree``, each on top of
     every earlier one that applied, as a maintainer merges PRs in the
     order they come: one row a file, ``{"patch", "applies", "error"}``
-    (``error``: git's conflict lines, else its first error line). A file that does
-    not apply is skipped (``git am --abort``) and the next goes on."""
+    (``error``: git's conflict lines, else its first error line). A file
+    that does not apply is skipped (``git am --abort``), the next goes
+    on."""
     rows = []
     for f in files:
         proc = checkout.git(
@@ -241,6 +243,29 @@ def in_order(worktree: Path, files: list[Path]) -> list[dict]:
             checkout.git(worktree, "am", "--abort")
         rows.append({"patch": f.name, "applies": error is None, "error": error})
     return rows
+
+
+def lint(worktree: Path, commit: str) -> list[str]:
+    """``ruff check`` and ``ruff format --check`` of the files changed in
+    ``worktree`` since ``commit``, under the checkout's own configuration
+    (its ``pyproject.toml``), as upstream's lint job runs them.
+
+    Returns:
+        The output lines of each that failed (empty when both pass).
+    """
+    changed = checkout.git(worktree, "diff", "--name-only", commit, "HEAD")
+    files = [f for f in changed.stdout.split() if f.endswith(".py")]
+    problems = []
+    for args in (("check",), ("format", "--check")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ruff", *args, *files],
+            cwd=worktree,
+            capture_output=True,
+            text=True,
+        )
+        if files and proc.returncode:
+            problems += (proc.stdout + proc.stderr).strip().splitlines()
+    return problems
 
 
 def add_arguments(p) -> None:
@@ -381,16 +406,18 @@ def main(args, layout: pins.Layout) -> int:
 
 
 def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
-    """``pr-check --in-order``: prints one row a PR; 1 when one does not
-    apply on top of the ones sent before it."""
+    """``pr-check --in-order``: prints one row a PR, then the lint of the
+    merged result; 1 when a PR does not apply on top of the ones sent
+    before it or the result does not lint clean."""
     from rich.console import Console
     from rich.table import Table
 
     files = series_files(layout, base)
     with checkout.worktree(
         args.upstream_repo, args.rev, args.source, layout, base
-    ) as (tree, _):
+    ) as (tree, commit):
         rows = in_order(tree, files)
+        problems = lint(tree, commit)
     table = Table(title=f"{base.version}'s PR series in order on {args.rev}")
     for col in ("PR", "applies on the ones before it"):
         table.add_column(col)
@@ -398,5 +425,10 @@ def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
         table.add_row(
             r["patch"], "yes" if r["applies"] else f"[red]no[/]: {r['error']}"
         )
-    Console(highlight=False).print(table)
-    return 0 if all(r["applies"] for r in rows) else 1
+    console = Console(highlight=False)
+    console.print(table)
+    for line in problems:
+        console.print(line, markup=False)
+    verdict = "lint: " + ("failed" if problems else "clean") + " (ruff)"
+    console.print(verdict + ", the checkout's configuration, on what changed")
+    return 0 if all(r["applies"] for r in rows) and not problems else 1
