@@ -77,7 +77,7 @@ def _fake_bases(monkeypatch, runs_of, outcome):
         bisect.series, "read_series", lambda _, b: [0] * lengths[b.version]
     )
 
-    def prepare(layout, base, k, backends, folder, whole):
+    def prepare(layout, base, k, backends, folder, whole, source):
         if runs_of(base.version, k) == "broken":
             raise ForkError(f"{base.version} prefix {k} does not apply")
         return [
@@ -160,3 +160,49 @@ def test_a_multi_device_pass_may_select_no_added_test(
         17, "jax, 8 devices", (), {}, Path("."), may_select_none
     )
     assert bisect.run_prefix_tests(run)[0] is passed
+
+
+def _two_patch_series(tmp_path):
+    """The fake upstream with a series of two patches (the second adds a
+    test file): ``(layout, base, patches)``."""
+    from keras_fork.recipe import series
+    from tests import fake_upstream as fake
+
+    layout, base, _ = fake.make_upstream(tmp_path)
+    tree = series.materialize(layout, base)
+    fake.add_fix(layout, base, tree)
+    (tree / "keras/src/shuffle_test.py").write_text("def test_x():\n    pass\n")
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "add", "-A", env=env)
+    series.git(tree, "commit", "-q", "-m", "Test the order", env=env)
+    series.export(tree, series.series_dir(layout, base))
+    return layout, base, series.read_series(layout, base)
+
+
+def test_prefix_k_of_the_series_tree_is_prefix_k_materialized_alone(tmp_path):
+    """The bisection materializes each series once (``SeriesTree``) and
+    builds prefix k from its commit k: the same commit, hence the same
+    tree and wheel, as materializing ``patches[:k]`` alone; the prefix's
+    worktree holds only the files asked for that the commit has."""
+    from keras_fork.proof import variants
+    from keras_fork.recipe import series
+
+    layout, base, patches = _two_patch_series(tmp_path)
+    source = bisect.SeriesTree(layout, base, patches, tmp_path / "series")
+    asked = ["keras/src/shuffle.py", "keras/src/shuffle_test.py"]
+    for k in (1, 2):
+        view = source.checkout(k, tmp_path / f"view-{k}", asked)
+        _, alone = variants.materialize_subset(
+            layout, base, patches[:k], tmp_path / f"alone-{k}", False
+        )
+        assert series.git(view, "rev-parse", "HEAD") == series.git(
+            alone, "rev-parse", "HEAD"
+        )
+        files = sorted(
+            str(p.relative_to(view))
+            for p in view.rglob("*")
+            if p.is_file() and p.name != ".git"
+        )
+        assert files == asked[:k]
+        for f in files:
+            assert (view / f).read_bytes() == (alone / f).read_bytes()

@@ -1,8 +1,10 @@
 """The series is bisectable: every prefix builds and passes its tests.
 
 Kernel rule: one logical change per patch, and the tree builds and passes
-after every patch. For each prefix ``patches[:k]`` of a base's series this
-materializes the tree, builds the wheel and, where patch ``k`` has tests,
+after every patch. Each base's series is materialized once, up to its
+longest shorter prefix (``SeriesTree``): commit ``k`` after ``pristine`` is
+the tree of prefix ``patches[:k]``. For each prefix this builds the wheel
+of that commit and, where patch ``k`` has tests,
 installs it into a scratch folder and runs, from the Keras test files that
 patch ``k`` touches, the tests it adds, on every backend that runs the
 file: each patch is tested where it lands, with all the patches before it.
@@ -23,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait
@@ -142,10 +145,111 @@ def added_test_selection(patch: Path, test_files: list[str]) -> str:
     return " or ".join(dict.fromkeys(terms))
 
 
+class SeriesTree:
+    """``patches`` (the first patches of a base's series) materialized once,
+    on first use, under ``folder``: one commit a patch after ``pristine``,
+    so commit ``k`` is the commit ``series.materialize`` gives
+    ``patches[:k]`` alone (the same sdist, patches, dates and identities,
+    applied in the same order by the same ``git am``). Thread-safe."""
+
+    def __init__(self, layout, base, patches: list[Path], folder: Path):
+        self.layout, self.base = layout, base
+        self.patches, self.folder = patches, folder
+        self._lock = threading.Lock()
+        self._tree: Path | None = None
+        self._commits: list[str] = []
+        self._error: ForkError | None = None
+
+    def _materialize(self) -> None:
+        """Materializes the series (once; a failure is raised again).
+
+        Raises:
+            ForkError: a patch does not apply (``series.materialize``).
+        """
+        if self._error is None and self._tree is None:
+            try:
+                _, tree = variants.materialize_subset(
+                    self.layout, self.base, self.patches, self.folder, False
+                )
+            except ForkError as e:
+                self._error = e
+                raise
+            revs = f"{series.PRISTINE_TAG}..HEAD"
+            commits = series.git(tree, "rev-list", "--reverse", revs).split()
+            if len(commits) != len(self.patches):  # git am made no commit
+                self._error = ForkError(
+                    f"{self.base.version}: {len(self.patches)} patches "
+                    f"gave {len(commits)} commits"
+                )
+            self._tree, self._commits = tree, commits
+        if self._error is not None:
+            raise self._error
+
+    def checkout(self, k: int, dest: Path, paths: list[str]) -> Path:
+        """A worktree at ``dest`` whose ``HEAD`` is prefix ``k``'s commit,
+        holding of that commit only the files of ``paths`` it has (what
+        the prefix's build, tests and compile check read of the tree:
+        ``wheel.build`` archives ``HEAD``).
+
+        Returns:
+            ``dest``.
+
+        Raises:
+            ForkError: the series does not materialize.
+        """
+        env = series.git_env(0)  # no user config (e.g. autocrlf)
+        with self._lock:
+            self._materialize()
+            commit = self._commits[k - 1]
+            series.git(
+                self._tree,
+                "worktree",
+                "add",
+                "-q",
+                "--no-checkout",
+                "--detach",
+                str(dest),
+                commit,
+                env=env,
+            )
+        present = series.git(
+            dest,
+            "--literal-pathspecs",
+            "ls-tree",
+            "-r",
+            "-z",
+            "--name-only",
+            commit,
+            "--",
+            *paths,
+            env=env,
+        ).split("\0")
+        present = [p for p in present if p]
+        if present:
+            series.git(
+                dest,
+                "--literal-pathspecs",
+                "checkout",
+                "-q",
+                commit,
+                "--",
+                *present,
+                env=env,
+            )
+        return dest
+
+
 def prepare_prefix(
-    layout, base, k, backends, tmp: Path, whole_files: bool = False
+    layout,
+    base,
+    k,
+    backends,
+    tmp: Path,
+    whole_files: bool = False,
+    source: SeriesTree | None = None,
 ) -> list[PrefixRun]:
-    """Materializes and builds ``patches[:k]`` under ``tmp``; installs the
+    """Builds ``patches[:k]``, a commit of ``source`` (by default a
+    ``SeriesTree`` of those patches alone), under ``tmp``; installs the
     wheel there when patch k has tests to run.
 
     Args:
@@ -153,6 +257,7 @@ def prepare_prefix(
             only the tests patch k adds (``added_test_selection``), as CI
             does: the whole files run on the full series in the proof
             matrix's unit cells.
+        source: the series tree whose commit ``k`` is this prefix.
 
     Returns:
         The pytest runs of patch k's test files (one per backend that runs
@@ -165,10 +270,9 @@ def prepare_prefix(
         ForkError: the prefix does not apply or does not build.
     """
     patches = series.read_series(layout, base)[:k]
-    scratch, tree = variants.materialize_subset(
-        layout, base, patches, tmp, source_only=False
-    )
-    target = tmp / "site"
+    source = source or SeriesTree(layout, base, patches, tmp / "series")
+    scratch = variants.scratch_layout(layout, base, patches, tmp, False)
+    tree = source.checkout(k, tmp / "tree", _changed_files(patches[-1]))
     # A keras-nightly tree has only the test files the series creates; its
     # prefixes still build (the test hunks run on a Keras checkout).
     tests = [t for t in touched_test_files(patches[-1:]) if (tree / t).exists()]
@@ -190,7 +294,7 @@ def prepare_prefix(
     if runs or _touches_packaging(patches[-1]):
         whl = wheel.build(scratch, base, tree)
         if runs:
-            _install(whl, target)
+            _install(whl, tmp / "site")
     else:
         _compiles(tree, patches[-1])
     return runs
@@ -432,7 +536,8 @@ def main(args, layout: pins.Layout) -> int:
 
 def _queue_prefixes(pool, layout, bases, args, tmp: Path):
     """Submits to ``pool`` the build (``prepare_prefix``) of every shorter
-    prefix of each base's series, each in its own folder under ``tmp``.
+    prefix of each base's series, each in its own folder under ``tmp``,
+    all of a base's prefixes from one ``SeriesTree``.
 
     Returns:
         ``(jobs, lengths)``: ``{job: (base, None)}`` of the submitted
@@ -441,8 +546,12 @@ def _queue_prefixes(pool, layout, bases, args, tmp: Path):
     backends = args.backend or BACKENDS
     jobs, lengths = {}, {}
     for base in bases:
-        n = len(series.read_series(layout, base))
-        lengths[base.version] = n
+        patches = series.read_series(layout, base)
+        lengths[base.version] = n = len(patches)
+        # Materialized by the first of its prefixes to build.
+        source = SeriesTree(
+            layout, base, patches[: n - 1], tmp / base.version / "series"
+        )
         for k in range(1, n):
             folder = tmp / base.version / f"prefix-{k}"
             job = pool.submit(
@@ -453,6 +562,7 @@ def _queue_prefixes(pool, layout, bases, args, tmp: Path):
                 backends,
                 folder,
                 args.whole_files,
+                source,
             )
             jobs[job] = (base, None)
     return jobs, lengths

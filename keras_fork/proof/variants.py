@@ -110,6 +110,14 @@ def materialize_subset(layout, base, patches, tmp: Path, source_only: bool):
     Raises:
         ForkError: a patch does not apply without the others.
     """
+    scratch = scratch_layout(layout, base, patches, tmp, source_only)
+    return scratch, series.materialize(scratch, base)
+
+
+def scratch_layout(layout, base, patches, tmp: Path, source_only: bool):
+    """A layout under ``tmp`` (created here) whose series of ``base`` is
+    ``patches``, with their test files left out when ``source_only`` (see
+    ``build_subset``); its sdist cache is ``layout``'s."""
     tmp.mkdir(parents=True)
     scratch = dataclasses.replace(
         layout, patches=tmp / "patches", build=tmp / "build", dist=tmp / "dist"
@@ -124,7 +132,7 @@ def materialize_subset(layout, base, patches, tmp: Path, source_only: bool):
     (folder / series.ORDER_FILE).write_text(
         "".join(p.name + "\n" for p in patches)
     )
-    return scratch, series.materialize(scratch, base)
+    return scratch
 
 
 def _test_files(patch: bytes) -> list[str]:
