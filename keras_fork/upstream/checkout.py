@@ -21,6 +21,14 @@ from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
 
 SOURCES = ("checkout", "base")
+# The committer of what is committed in a scratch worktree (git refuses to
+# commit without one, and the user's may be unset).
+IDENTITY = (
+    "-c",
+    "user.name=keras-fork",
+    "-c",
+    "user.email=keras-fork@example.invalid",
+)
 
 
 def git(repo: Path, *args: str, input: str | None = None):
@@ -84,10 +92,7 @@ def _base_source(worktree: Path, layout: pins.Layout, base: pins.Base):
     git(worktree, "add", "-A", "keras")
     proc = git(
         worktree,
-        "-c",
-        "user.name=keras-fork",
-        "-c",
-        "user.email=keras-fork@example.invalid",
+        *IDENTITY,
         "commit",
         "-q",
         "-m",

@@ -224,16 +224,7 @@ def in_order(worktree: Path, files: list[Path]) -> list[dict]:
     on."""
     rows = []
     for f in files:
-        proc = checkout.git(
-            worktree,
-            "-c",
-            "user.name=keras-fork",
-            "-c",
-            "user.email=keras-fork@example.invalid",
-            "am",
-            "-3",
-            str(f),
-        )
+        proc = checkout.git(worktree, *checkout.IDENTITY, "am", "-3", str(f))
         error = None
         if proc.returncode:
             lines = (proc.stdout + proc.stderr).splitlines()
