@@ -54,3 +54,15 @@ def register_atexit(rank, world_size):
     path = os.environ["PID_DIR"] + f"/atexit-{rank}"
     atexit.register(lambda: open(path, "w").close())
     return os.getppid()
+
+
+def fail_behind_a_blocking_atexit(rank, world_size):
+    """Registers an atexit handler that waits forever (as JAX's shutdown
+    barrier does for a peer stuck in a collective), then rank 1 fails;
+    rank 0 waits forever."""
+    import atexit
+
+    atexit.register(threading.Event().wait)
+    if rank == 1:
+        raise AssertionError("rank 1 checked its result and failed")
+    threading.Event().wait()

@@ -137,6 +137,24 @@ def test_workers_run_their_atexit_handlers_either_way(tmp_path, start):
         assert os.getpid() not in parents
 
 
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_a_failed_worker_skips_its_atexit_handlers(start):
+    """A worker that fails exits at once, without its atexit handlers: one
+    that waits forever (JAX's shutdown barrier, for a peer stuck in a
+    collective) would otherwise hold the run until its timeout."""
+    start_s = time.monotonic()
+    with pytest.raises(workers.WorkerError) as e:
+        workers.run_workers(
+            "tests.mp_targets:fail_behind_a_blocking_atexit",
+            world_size=2,
+            timeout=120,
+            env={"PROOF_WORKER_START": start},
+        )
+    assert time.monotonic() - start_s < 60  # did not wait for the timeout
+    assert "worker 1/2" in str(e.value)
+    assert "checked its result and failed" in str(e.value)
+
+
 def test_a_worker_for_another_keras_is_spawned(monkeypatch):
     """The fork server preloaded the keras of one ``PYTHONPATH`` and
     ``KERAS_BACKEND``; a worker whose environment names another is started

@@ -158,14 +158,15 @@ class _Forked:
 
 def _forked_main(target: str, env: dict, log: str) -> None:
     """The first thing a forked worker runs: its own session, its log on
-    stdout and stderr, exactly ``env`` as its environment, then ``target``,
-    and it ends as ``python -m`` would: an exception's traceback in the log
-    and exit status 1 (``SystemExit``'s own), then the ``atexit`` handlers.
+    stdout and stderr, exactly ``env`` as its environment, then ``target``
+    (``_run``: a success runs the ``atexit`` handlers, a failure exits at
+    once).
 
-    Those matter: ``multiprocessing`` ends a child with ``os._exit``, which
-    skips them, and JAX's handler (``jax.distributed.shutdown``) is the
-    barrier that keeps the coordinating process alive until every process
-    is done; without it the other one aborts ("another task died").
+    The handlers matter on success: ``multiprocessing`` ends a child with
+    ``os._exit``, which skips them, and JAX's handler
+    (``jax.distributed.shutdown``) is the barrier that keeps the
+    coordinating process alive until every process is done; without it
+    the other one aborts ("another task died").
     """
     os.setsid()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -174,6 +175,18 @@ def _forked_main(target: str, env: dict, log: str) -> None:
     os.close(fd)
     os.environ.clear()
     os.environ.update(env)
+    _run(target)
+
+
+def _run(target: str) -> None:
+    """Runs ``target`` in this worker and ends the process.
+
+    Exit status 0 after the ``atexit`` handlers, or 1 (``SystemExit``'s own
+    status) right after the traceback, without them: a failed worker must
+    not wait in JAX's shutdown barrier for a peer that may be stuck in a
+    collective, so ``run_workers`` sees the failure at once, names the
+    worker and kills the group.
+    """
     code = 0
     try:
         _main(target)
@@ -182,7 +195,8 @@ def _forked_main(target: str, env: dict, log: str) -> None:
     except BaseException:
         traceback.print_exc()
         code = 1
-    atexit._run_exitfuncs()
+    if code == 0:
+        atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -455,4 +469,4 @@ def _main(target: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    _run(sys.argv[1])

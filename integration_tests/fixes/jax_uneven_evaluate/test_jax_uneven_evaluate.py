@@ -71,10 +71,27 @@ def _outcome(run):
         return f"{type(e).__name__}: {e}"
 
 
+def _refused(rank, name, outcome, feed):
+    """Asserts, in the worker, that ``outcome`` is the ``ValueError`` that
+    names both processes' step counts (and, auto-sharded, a batch count
+    that is a multiple of the process count).
+
+    Checked in the worker, as soon as the call returns: on stock, process
+    1 returns a loss after its 2 steps while process 0 waits in its third;
+    the failed worker ends the run at once (``workers.run_workers``)."""
+    texts = ["process 0: 3", "process 1: 2"]
+    if feed == "auto-sharded":
+        texts.append("a multiple")
+    refused = isinstance(outcome, str) and outcome.startswith("ValueError")
+    assert refused, f"process {rank} {name}: {outcome}"
+    for text in texts:
+        assert text in outcome, f"process {rank} {name}: {outcome}"
+
+
 def _uneven(rank, world_size, feed="auto-sharded"):
     """In a ``jax/procs-2`` worker: ``evaluate`` on 5 batches (3 and 2 per
-    process), the remedy ``steps=2``, then ``fit``'s validation on the 5
-    batches."""
+    process), refused; the remedy ``steps=2``, whose loss it returns;
+    ``fit``'s validation on the 5 batches, refused."""
     import jax
 
     if feed == "auto-sharded":
@@ -95,6 +112,8 @@ def _uneven(rank, world_size, feed="auto-sharded"):
     with distribution.scope():
         model = _identity_model()
         evaluated = _outcome(lambda: model.evaluate(rows(5), verbose=0))
+        _refused(rank, "evaluate", evaluated, feed)
+        # Before fit trains the model: the mean of rows 0 to 7.
         capped = _outcome(lambda: model.evaluate(rows(5), steps=2, verbose=0))
         validated = _outcome(
             lambda: (
@@ -103,7 +122,8 @@ def _uneven(rank, world_size, feed="auto-sharded"):
                 ).history
             )
         )
-    return evaluated, validated, capped
+        _refused(rank, "fit", validated, feed)
+    return capped
 
 
 def _per_process_uneven(rank, world_size):
@@ -119,21 +139,15 @@ def test_uneven_evaluate_raises_in_every_process(feed):
     count); ``steps=2`` evaluates batches 0 to 3 in both (the mean of rows
     0 to 7: the model is not trained yet).
 
-    Stock: process 0 waits forever in its third test step. The workers
-    need about 20 s on 2 CPU cores; 75 s bounds the run."""
+    Stock: process 1 returns a loss from its 2 steps while process 0
+    waits forever in its third; process 1's check fails and the run ends
+    there. The workers need about 20 s on 2 CPU cores; 75 s bounds the
+    run."""
     target = "_per_process_uneven" if feed == "per-process" else "_uneven"
-    runs = workers.run_workers(f"{__name__}:{target}", world_size=2, timeout=75)
-    texts = ["process 0: 3", "process 1: 2"]
-    if feed == "auto-sharded":
-        texts.append("a multiple")
-    for rank, (evaluated, validated, capped) in enumerate(runs):
-        for name, outcome in (("evaluate", evaluated), ("fit", validated)):
-            assert isinstance(outcome, str), f"{rank} {name}: {outcome}"
-            assert outcome.startswith("ValueError"), f"{rank}: {outcome}"
-            for text in texts:
-                assert text in outcome, f"process {rank} {name}: {outcome}"
-        assert isinstance(capped, float), f"process {rank}: {capped}"
-    assert runs[0][2] == runs[1][2] == 3.5, runs
+    capped = workers.run_workers(
+        f"{__name__}:{target}", world_size=2, timeout=75
+    )
+    assert capped == [3.5, 3.5], capped
 
 
 @pytest.mark.fix("jax-uneven-evaluate", role="guard")

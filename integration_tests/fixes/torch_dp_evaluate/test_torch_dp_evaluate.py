@@ -97,8 +97,14 @@ def _uneven_runs(x, train_x, **kwargs):
             if k.startswith("val_")
         }
 
+    evaluated = _timed(lambda: model.evaluate(x, **evaluate))
+    # Checked here, as soon as it returns: on stock the process with fewer
+    # steps returns its own batches' metrics while the other waits in a
+    # reduction; this worker's failure then ends the run at once
+    # (``workers.run_workers``) instead of at the collectives' timeout.
+    assert evaluated["result"] == ALL_ROWS, f"evaluate: {evaluated}"
     return {
-        "evaluate": _timed(lambda: model.evaluate(x, **evaluate)),
+        "evaluate": evaluated,
         "validation": _timed(fit),
         "custom": _timed(lambda: custom.evaluate(x, **evaluate)),
     }
@@ -130,9 +136,10 @@ def _assert_all_batches_in_every_process(target):
     and ``fit``'s validation, each within ``LIMIT_S``, and the custom
     ``test_step`` raises the ``ValueError`` naming ``[3, 2]`` in both.
 
-    Stock: gloo closes the connection in one process, then the other's
-    collectives time out (30 s each) or the worker dies. The workers need
-    about 25 s on 2 CPU cores; 150 s bounds the whole run."""
+    Stock: a process fails its own check of ``evaluate``'s metrics
+    (``_uneven_runs``), or gloo closes the connection in one process and
+    the other's collectives time out (30 s each) or the worker dies. The
+    workers need about 25 s on 2 CPU cores; 150 s bounds the whole run."""
     runs = workers.run_workers(
         f"{__name__}:{target}", world_size=2, timeout=150
     )

@@ -10,7 +10,7 @@ steps and process 1 two. On stock, process 0 enters its third step's
 all-reduce alone while process 1 reduces the epoch's metrics: gloo aborts
 both (a collective size mismatch, SIGABRT) or, as the CPU runs of these
 tests show, a worker fails at the process group's timeout ("Timed out
-waiting 30000ms for send [or recv] operation to complete") and the other
+waiting 15000ms for send [or recv] operation to complete") and the other
 with "Connection closed by peer"; NCCL would wait forever. The same
 happens when each process feeds arrays of its own size.
 
@@ -32,6 +32,10 @@ from ...harness import workers
 
 pytestmark = pytest.mark.fix("torch-uneven-steps")
 BATCH = 8
+# The workers' collectives wait at most this long for the other process.
+# The fork's processes meet within about a second (they start together and
+# refuse before the first step); stock's mismatched ones wait it out.
+GROUP_TIMEOUT_S = 15
 
 
 class Batches(keras.utils.PyDataset):
@@ -86,17 +90,28 @@ def _fit(scope, x):
     return {"trained": len(steps)}
 
 
+def _refused(rank, uneven):
+    """Asserts, in the worker, that the uneven ``fit`` was refused before
+    its first step. Checked as soon as ``fit`` returns: on stock the
+    process with fewer steps finishes while the other waits in a
+    collective, and this worker's failure ends the run at once
+    (``workers.run_workers``) instead of at the group's timeout."""
+    assert uneven.get("steps_run") == 0, f"process {rank}: {uneven}"
+    return uneven
+
+
 def _dp_runs(rank, world_size):
     """In a ``torch/dp-2`` worker: ``DataParallel`` auto-shards a
     ``PyDataset`` of 5 batches (3 and 2 per process), then of 4 (2 and
-    2). The process group is started first, with a 30 s timeout on its
+    2). The process group is started first, with a 15 s timeout on its
     collectives, so that stock's mismatched ones fail then rather than at
     the test's timeout (``keras.distribution.initialize`` keeps a started
     group)."""
-    with workers.torch_process_group(rank, world_size, timeout=30):
+    with workers.torch_process_group(rank, world_size, timeout=GROUP_TIMEOUT_S):
         distribution = devices.torch_processes(rank, world_size)
+        uneven = _refused(rank, _fit(distribution.scope(), Batches(5)))
         return {
-            "uneven": _fit(distribution.scope(), Batches(5)),
+            "uneven": uneven,
             "even": _fit(distribution.scope(), Batches(4)),
         }
 
@@ -109,13 +124,11 @@ def _ddp_runs(rank, world_size):
     """In a ``torch/ddp-2`` worker: a process group without a
     ``keras.distribution``, each process feeding arrays of its own size,
     3 and 2 batches, then 2 and 2. Stock's mismatched collectives fail at
-    the group's 30 s timeout."""
-    with workers.torch_process_group(rank, world_size, timeout=30):
+    the group's 15 s timeout."""
+    with workers.torch_process_group(rank, world_size, timeout=GROUP_TIMEOUT_S):
         nothing = contextlib.nullcontext
-        return {
-            "uneven": _fit(nothing(), _rows(rank, [3, 2])),
-            "even": _fit(nothing(), _rows(rank, [2, 2])),
-        }
+        uneven = _refused(rank, _fit(nothing(), _rows(rank, [3, 2])))
+        return {"uneven": uneven, "even": _fit(nothing(), _rows(rank, [2, 2]))}
 
 
 def _assert_refused_then_trained(target):
@@ -125,17 +138,15 @@ def _assert_refused_then_trained(target):
     2]``.
 
     Stock (the symptom this test fails on there): the processes meet in
-    mismatched collectives: a worker fails at the process group's 30 s
-    timeout (gloo: "Timed out waiting 30000ms for send [or recv] operation
-    to complete", a ``RuntimeError`` out of an ``all_reduce``), the other
-    then with "Connection closed by peer", or gloo aborts (a collective
-    size mismatch, SIGABRT); ``run_workers`` raises. The workers need
-    about 15 s on 2 CPU cores; 90 s bounds the whole run with room for a
-    slow machine."""
+    mismatched collectives: a worker that finishes fails its own check
+    (``_refused``), or one fails at the process group's 15 s timeout
+    (gloo: "Timed out waiting 15000ms for send [or recv] operation to
+    complete"), the other then with "Connection closed by peer", or gloo
+    aborts (a collective size mismatch, SIGABRT); ``run_workers`` raises.
+    The workers need about 15 s on 2 CPU cores; 90 s bounds the whole run
+    with room for a slow machine."""
     runs = workers.run_workers(f"{__name__}:{target}", world_size=2, timeout=90)
     for rank, run in enumerate(runs):
-        uneven = run["uneven"]
-        assert uneven.get("steps_run") == 0, f"process {rank}: {uneven}"
         assert run["even"] == {"trained": 2}, f"process {rank}: {run}"
     for rank, run in enumerate(runs):
         assert "[3, 2] training steps per epoch" in run["uneven"]["error"], (
