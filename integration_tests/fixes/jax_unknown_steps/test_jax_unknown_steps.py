@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import pytest
 
+from ...harness import data
 from ...harness import devices
 from ...harness import workers
 
@@ -98,8 +99,10 @@ def _refused(rank, name, outcome):
 
 def _unknown(rank, world_size, kind):
     """In a ``jax/procs-2`` worker: ``evaluate``, ``predict`` and ``fit``
-    on 5 batches of unknown length (3 and 2 per process), each refused;
-    then ``evaluate`` on 4 (2 and 2), whose loss it returns."""
+    on 5 batches of unknown length (3 and 2 per process), each refused, and
+    ``evaluate`` on 4 (2 and 2), whose loss it returns; then ``evaluate``
+    with ``steps=3`` on the 5, and ``fit`` with ``steps_per_epoch=2`` over
+    2 epochs on 5 batches of known length, each refused."""
     distribution = devices.jax_processes(rank, world_size)
 
     def own(num_batches, targets=True):
@@ -117,6 +120,21 @@ def _unknown(rank, world_size, kind):
         even = _outcome(lambda: model.evaluate(own(4), verbose=0))
         trained = _outcome(lambda: model.fit(own(5), verbose=0).history)
         _refused(rank, "fit", trained)
+        # `steps` does not make the length known: compared before each step.
+        capped = _outcome(lambda: model.evaluate(own(5), steps=3, verbose=0))
+        _refused(rank, "evaluate(steps=3)", capped)
+        # Known counts (3 and 2) with `steps_per_epoch=2`: each epoch runs
+        # 2 steps, but the second would run out in process 1 first, so
+        # `fit()` compares the numbers of batches before its first step.
+        known = data.process_index_rows(
+            rank, world_size, 5, batch_size=BATCH, targets=True
+        )
+        epochs = _outcome(
+            lambda: model.fit(known, steps_per_epoch=2, epochs=2, verbose=0)
+        )
+        refused = isinstance(epochs, str) and epochs.startswith("ValueError")
+        assert refused, f"process {rank} fit(steps_per_epoch=2): {epochs}"
+        assert "process 0: 3, process 1: 2" in epochs, epochs
     return even
 
 
@@ -124,8 +142,10 @@ def _unknown(rank, world_size, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_unknown_length_ends_alike_in_every_process(kind):
     """jax/procs-2: on 5 batches of unknown length, ``evaluate()``,
-    ``predict()`` and ``fit()`` raise the ``ValueError`` of step 2 in both
-    processes; on 4, ``evaluate()`` gives the mean of rows 0 to 7 in both.
+    ``predict()``, ``fit()`` and ``evaluate(steps=3)`` raise the
+    ``ValueError`` of step 2 in both processes; on 4, ``evaluate()`` gives
+    the mean of rows 0 to 7 in both; ``fit(steps_per_epoch=2, epochs=2)``
+    on 3 and 2 batches of known length is refused before its first step.
 
     Stock: at the third step of ``evaluate()`` process 0 runs alone;
     process 1 returns a loss, fails its check and ends the run. The workers
