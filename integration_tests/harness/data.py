@@ -1,6 +1,7 @@
 """Data helpers of the proof tests: each process's part of the global
-batches, a dataset whose rows say where they come from, and the custom
-torch training loop of Keras's DDP guide."""
+batches, a dataset whose rows say where they come from, an identity model
+whose outputs and loss say which rows it saw, a call's outcome as a
+value, and the custom torch training loop of Keras's DDP guide."""
 
 from __future__ import annotations
 
@@ -160,6 +161,37 @@ def _index_rows_class():
     return IndexRows
 
 
+def outcome(run):
+    """``run()``'s result, or the exception it raised, as ``"<type>:
+    <message>"`` (what a worker returns where stock or the fork raises)."""
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001 (the outcome under test)
+        return f"{type(e).__name__}: {e}"
+
+
+def assert_value_error(result, texts, where):
+    """Asserts that ``result`` (an ``outcome``) is a ``ValueError`` whose
+    message holds each of ``texts``; ``where`` (the process and the call)
+    starts the assertion's message."""
+    refused = isinstance(result, str) and result.startswith("ValueError")
+    assert refused, f"{where}: {result}"
+    for text in texts:
+        assert text in result, f"{where}: {result}"
+
+
+def identity_mae_model():
+    """A ``Dense`` with a kernel of ones and no bias on rows of shape
+    ``(1,)``, compiled with MAE and SGD: it predicts its input, so its loss
+    against targets of zero is the mean of the rows it saw."""
+    import keras
+
+    ones = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    model = keras.Sequential([keras.Input((1,)), ones])
+    model.compile(loss="mae", optimizer="sgd")
+    return model
+
+
 def identity_predictions(x, steps_per_execution=1, steps=None):
     """What ``predict`` returns for ``x`` (e.g. ``index_rows``) from a
     model whose two outputs are its input row and twice it (exact in
@@ -179,10 +211,10 @@ def identity_predictions(x, steps_per_execution=1, steps=None):
     ones = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
     model = keras.Model(inputs, [ones(inputs), 2.0 * ones(inputs)])
     model.compile(steps_per_execution=steps_per_execution)
-    try:
-        first, second = model.predict(x, steps=steps, verbose=0)
-    except Exception as e:  # noqa: BLE001 (the outcome under test)
-        return f"{type(e).__name__}: {e}"
+    result = outcome(lambda: model.predict(x, steps=steps, verbose=0))
+    if isinstance(result, str):
+        return result
+    first, second = result
     if not np.array_equal(second, 2.0 * first):
         return f"the outputs disagree: {first.tolist()} {second.tolist()}"
     return first[:, 0].tolist()

@@ -55,22 +55,6 @@ FEEDS = [
 ]
 
 
-def _identity_model():
-    """Predicts its input: the loss (MAE, targets 0) is the mean row."""
-    ones = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
-    model = keras.Sequential([keras.Input((1,)), ones])
-    model.compile(loss="mae", optimizer="sgd")
-    return model
-
-
-def _outcome(run):
-    """The call's result, or its error as ``"Type: message"``."""
-    try:
-        return run()
-    except Exception as e:  # the fork: ValueError before the first step
-        return f"{type(e).__name__}: {e}"
-
-
 def _refused(rank, name, outcome, feed):
     """Asserts, in the worker, that ``outcome`` is the ``ValueError`` that
     names both processes' step counts (and, auto-sharded, a batch count
@@ -82,10 +66,7 @@ def _refused(rank, name, outcome, feed):
     texts = ["process 0: 3", "process 1: 2"]
     if feed == "auto-sharded":
         texts.append("a multiple")
-    refused = isinstance(outcome, str) and outcome.startswith("ValueError")
-    assert refused, f"process {rank} {name}: {outcome}"
-    for text in texts:
-        assert text in outcome, f"process {rank} {name}: {outcome}"
+    data.assert_value_error(outcome, texts, f"process {rank} {name}")
 
 
 def _uneven(rank, world_size, feed="auto-sharded"):
@@ -110,12 +91,14 @@ def _uneven(rank, world_size, feed="auto-sharded"):
             targets=True,
         )
     with distribution.scope():
-        model = _identity_model()
-        evaluated = _outcome(lambda: model.evaluate(rows(5), verbose=0))
+        model = data.identity_mae_model()
+        evaluated = data.outcome(lambda: model.evaluate(rows(5), verbose=0))
         _refused(rank, "evaluate", evaluated, feed)
         # Before fit trains the model: the mean of rows 0 to 7.
-        capped = _outcome(lambda: model.evaluate(rows(5), steps=2, verbose=0))
-        validated = _outcome(
+        capped = data.outcome(
+            lambda: model.evaluate(rows(5), steps=2, verbose=0)
+        )
+        validated = data.outcome(
             lambda: (
                 model.fit(
                     rows(4), validation_data=rows(5), epochs=1, verbose=0
@@ -161,6 +144,6 @@ def test_one_process_evaluates_every_batch():
         devices=jax.devices(), auto_shard_dataset=True
     )
     with distribution.scope():
-        in_scope = _identity_model().evaluate(Rows(5), verbose=0)
-    plain = _identity_model().evaluate(Rows(5), verbose=0)
+        in_scope = data.identity_mae_model().evaluate(Rows(5), verbose=0)
+    plain = data.identity_mae_model().evaluate(Rows(5), verbose=0)
     np.testing.assert_allclose([in_scope, plain], [4.5, 4.5], rtol=1e-6)

@@ -44,14 +44,6 @@ def _skip_without_tensorflow(kind):
         )
 
 
-def _identity_model():
-    """Predicts its input: the loss (MAE, targets 0) is the mean row."""
-    ones = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
-    model = keras.Sequential([keras.Input((1,)), ones])
-    model.compile(loss="mae", optimizer="sgd")
-    return model
-
-
 def _batches(kind, num_batches, first=0, stride=1, targets=True):
     """Batches ``first``, ``first + stride``, ... (fewer than
     ``num_batches``) of rows ``0, 1, ...`` in batches of ``BATCH``, as an
@@ -71,18 +63,10 @@ def _batches(kind, num_batches, first=0, stride=1, targets=True):
     import tensorflow as tf
 
     x = np.concatenate(rows)
-    data = (x, np.zeros_like(x)) if targets else x
-    dataset = tf.data.Dataset.from_tensor_slices(data)
+    slices = (x, np.zeros_like(x)) if targets else x
+    dataset = tf.data.Dataset.from_tensor_slices(slices)
     # `filter()` makes the length unknown (cardinality -2).
     return dataset.filter(lambda *row: True).batch(BATCH)
-
-
-def _outcome(run):
-    """The call's result, or its error as ``"Type: message"``."""
-    try:
-        return run()
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
 
 
 def _refused(rank, name, outcome):
@@ -91,10 +75,8 @@ def _refused(rank, name, outcome):
     returns: on stock, one process returns a result while the other
     crashes or waits, and the failed check ends the run at once
     (``workers.run_workers``)."""
-    refused = isinstance(outcome, str) and outcome.startswith("ValueError")
-    assert refused, f"process {rank} {name}: {outcome}"
-    for text in ("step 2", "process 0: 2 rows", "process 1: no batch"):
-        assert text in outcome, f"process {rank} {name}: {outcome}"
+    texts = ("step 2", "process 0: 2 rows", "process 1: no batch")
+    data.assert_value_error(outcome, texts, f"process {rank} {name}")
 
 
 def _unknown(rank, world_size, kind):
@@ -109,19 +91,21 @@ def _unknown(rank, world_size, kind):
         return _batches(kind, num_batches, rank, world_size, targets)
 
     with distribution.scope():
-        model = _identity_model()
-        evaluated = _outcome(lambda: model.evaluate(own(5), verbose=0))
+        model = data.identity_mae_model()
+        evaluated = data.outcome(lambda: model.evaluate(own(5), verbose=0))
         _refused(rank, "evaluate", evaluated)
-        predicted = _outcome(
+        predicted = data.outcome(
             lambda: model.predict(own(5, targets=False), verbose=0)
         )
         _refused(rank, "predict", predicted)
         # Before fit could train the model: the mean of rows 0 to 7.
-        even = _outcome(lambda: model.evaluate(own(4), verbose=0))
-        trained = _outcome(lambda: model.fit(own(5), verbose=0).history)
+        even = data.outcome(lambda: model.evaluate(own(4), verbose=0))
+        trained = data.outcome(lambda: model.fit(own(5), verbose=0).history)
         _refused(rank, "fit", trained)
         # `steps` does not make the length known: compared before each step.
-        capped = _outcome(lambda: model.evaluate(own(5), steps=3, verbose=0))
+        capped = data.outcome(
+            lambda: model.evaluate(own(5), steps=3, verbose=0)
+        )
         _refused(rank, "evaluate(steps=3)", capped)
         # Known counts (3 and 2) with `steps_per_epoch=2`: each epoch runs
         # 2 steps, but the second would run out in process 1 first, so
@@ -129,12 +113,14 @@ def _unknown(rank, world_size, kind):
         known = data.process_index_rows(
             rank, world_size, 5, batch_size=BATCH, targets=True
         )
-        epochs = _outcome(
+        epochs = data.outcome(
             lambda: model.fit(known, steps_per_epoch=2, epochs=2, verbose=0)
         )
-        refused = isinstance(epochs, str) and epochs.startswith("ValueError")
-        assert refused, f"process {rank} fit(steps_per_epoch=2): {epochs}"
-        assert "process 0: 3, process 1: 2" in epochs, epochs
+        data.assert_value_error(
+            epochs,
+            ["process 0: 3, process 1: 2"],
+            f"process {rank} fit(steps_per_epoch=2)",
+        )
     return even
 
 
@@ -180,6 +166,8 @@ def test_one_process_evaluates_every_batch(kind):
         devices=jax.devices(), auto_shard_dataset=False
     )
     with distribution.scope():
-        in_scope = _identity_model().evaluate(_batches(kind, 5), verbose=0)
-    plain = _identity_model().evaluate(_batches(kind, 5), verbose=0)
+        in_scope = data.identity_mae_model().evaluate(
+            _batches(kind, 5), verbose=0
+        )
+    plain = data.identity_mae_model().evaluate(_batches(kind, 5), verbose=0)
     np.testing.assert_allclose([in_scope, plain], [4.5, 4.5], rtol=1e-6)
