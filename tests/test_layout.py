@@ -95,7 +95,8 @@ def test_readme_blocks_are_generated_from_the_fix_folders():
     text = (ROOT / "README.md").read_text()
     table = _between(text, catalog.README_BEGIN, catalog.README_END)
     assert table == "\n" + catalog.readme_table(rows)
-    notices = _between(text, catalog.NOTICES_BEGIN, catalog.NOTICES_END)
+    notices_doc = (ROOT / "docs" / catalog.NOTICES_DOC).read_text()
+    notices = _between(notices_doc, catalog.NOTICES_BEGIN, catalog.NOTICES_END)
     assert notices == "\n" + catalog.notices(rows)
 
 

@@ -8,7 +8,7 @@ declared cells when there is none), and its patch file on each base (the
 ``Fork-Fix:`` trailers of ``patches/<V>/``).
 
 ``--readme`` rewrites the generated blocks of README.md (the fix table, the
-notices, the install commands) and docs/upstream.md's series table, from the
+install commands), docs/notices.md and docs/upstream.md's series table, from the
 same folders, ``bases.toml`` and ``patches/`` (a test fails when one is
 stale), so that no fork number or patch count is typed by hand.
 """
@@ -47,6 +47,7 @@ REVIEW_BEGIN = "<!-- self-review:begin -->"
 REVIEW_END = "<!-- self-review:end -->"
 PARITY_BEGIN = "<!-- parity:begin -->"
 PARITY_END = "<!-- parity:end -->"
+NOTICES_DOC = "notices.md"
 PARITY_DOC = "parity.md"
 UPSTREAM_DOC = "upstream.md"
 COUNTED = ("proven", "guard", "n/a")
@@ -277,7 +278,8 @@ def readme_table(rows: list[dict]) -> str:
 
 
 def notices(rows: list[dict]) -> str:
-    """The README's "what a user of the wheel notices" list (markdown)."""
+    """docs/notices.md's "what a user of the wheel notices" list
+    (markdown)."""
     return "".join(
         f"- **`{r['id']}`** ({', '.join(r['bases'])}): {r['notice']}\n"
         for r in rows
@@ -458,13 +460,15 @@ def parity_table(rows: list[dict], versions: list[str]) -> str:
 
 
 def write_readme(layout: pins.Layout) -> None:
-    """Rewrites README.md's generated blocks (the fix table, the notices,
-    the install commands) from the fix folders, with the declared cells,
-    and docs/upstream.md's series table."""
+    """Rewrites README.md's generated blocks (the fix table, the install
+    commands) and docs/notices.md from the fix folders, with the declared
+    cells, and docs/upstream.md's series table."""
     rows = catalog(layout, with_proof=False)
     readme = layout.root / "README.md"
     replace_between(readme, README_BEGIN, README_END, readme_table(rows))
-    replace_between(readme, NOTICES_BEGIN, NOTICES_END, notices(rows))
+    replace_between(
+        layout.docs / NOTICES_DOC, NOTICES_BEGIN, NOTICES_END, notices(rows)
+    )
     bases = series_rows(layout)
     replace_between(readme, INSTALL_BEGIN, INSTALL_END, install_block(bases))
     upstream = layout.docs / UPSTREAM_DOC
@@ -498,8 +502,8 @@ def add_arguments(p) -> None:
     out.add_argument(
         "--readme",
         action="store_true",
-        help="rewrite README.md's generated blocks (fix table, notices, "
-        "install commands) and docs/upstream.md's series table",
+        help="rewrite README.md's generated blocks (fix table, install "
+        "commands), docs/notices.md and docs/upstream.md's series table",
     )
 
 
