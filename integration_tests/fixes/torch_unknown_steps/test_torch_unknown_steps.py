@@ -84,11 +84,15 @@ class CustomTestStep(keras.Sequential):
         return super().test_step(data)
 
 
-def _identity(model_class=keras.Sequential):
+def _identity(model_class=keras.Sequential, steps_per_execution=1):
     """The identity, trained with a learning rate of 0: ``fit`` keeps it."""
     ones = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
     model = model_class([keras.Input((1,)), ones])
-    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mae")
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss="mae",
+        steps_per_execution=steps_per_execution,
+    )
     return model
 
 
@@ -101,8 +105,10 @@ def _refused(rank, name, outcome):
 
 def _runs(rank, world_size, kind):
     """In a worker: ``evaluate`` on 5 batches of unknown length (3 and 2
-    per process), also with ``steps=3`` and as ``fit``'s validation, each
-    the mean of rows 0 to 9; ``fit`` and a custom ``test_step``'s
+    per process), also with ``steps=3``, with ``steps_per_execution=2``
+    and as ``fit``'s validation, each the mean of rows 0 to 9 (auto-sharded
+    ``tf.data``: also 1 batch, which process 1 lacks: the mean of rows 0
+    and 1); ``fit`` and a custom ``test_step``'s
     ``evaluate`` on them, each refused; ``evaluate`` on 4 (2 and 2), whose
     loss it returns. Each outcome is checked as soon as it returns: on
     stock the process with fewer batches returns its own batches' loss
@@ -122,6 +128,14 @@ def _runs(rank, world_size, kind):
     assert evaluated == ALL_ROWS, f"process {rank} evaluate: {evaluated}"
     capped = data.outcome(lambda: model.evaluate(own(5), steps=3, verbose=0))
     assert capped == ALL_ROWS, f"process {rank} evaluate(steps=3): {capped}"
+    # Steps of 2 batches: process 1 has none for the second step.
+    stepped = _identity(steps_per_execution=2)
+    two = data.outcome(lambda: stepped.evaluate(own(5), verbose=0))
+    assert two == ALL_ROWS, f"process {rank} steps_per_execution=2: {two}"
+    if kind == "tf.data-filter":
+        # One batch in all: process 1 has none, and still reports it.
+        one = data.outcome(lambda: model.evaluate(own(1), verbose=0))
+        assert one == 0.5, f"process {rank} evaluate of 1 batch: {one}"
     validated = data.outcome(
         lambda: model.fit(own(4), validation_data=own(5), verbose=0).history[
             "val_loss"
