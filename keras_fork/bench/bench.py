@@ -113,6 +113,12 @@ CASES = [
     ("fit step, CNN + BatchNorm", "dp_fit_step", "torch", "dp-2",
      {"samples": 2048, "batch_size": 64, "epochs": 4, "model": "cnn",
       "processes": 2, "since": "3.16.0.dev0"}),
+    # The same batches with no known length: the processes compare them
+    # before each step (torch-unknown-steps).
+    ("fit step, MLP + accuracy/AUC, unknown length", "dp_fit_step", "torch",
+     "dp-2", {"samples": 4096, "batch_size": 64, "epochs": 4,
+              "metrics": True, "processes": 2, "since": "3.16.0.dev0",
+              "input": "iterable"}),
 ]  # fmt: skip
 
 

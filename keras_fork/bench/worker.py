@@ -702,7 +702,9 @@ def dp_fit_step(opts, gate):
     that makes more, and ``graph``: the process group's collectives per step
     over the epochs after the first (``TorchCollectiveCounter``; the larger
     process's), as ``{"kind": "eager", "collectives": n, "by_kind":
-    {...}}``. Options as ``fit_step`` (``model``, ``metrics``)."""
+    {...}}``. Options as ``fit_step`` (``model``, ``metrics``); with
+    ``opts["input"] == "iterable"``, the same batches from a torch
+    ``IterableDataset`` (no known length)."""
     runs, result = _run_processes("_dp_fit_worker", opts)
     if opts.get("work"):
         result["graph"] = max(
@@ -728,6 +730,10 @@ def _dp_fit_worker(rank, world_size):
     (x, y), batch_size = data.process_batches(
         (x, y), opts["batch_size"], (rank, world_size)
     )
+    if opts.get("input") == "iterable":
+        # The same batches from a torch `IterableDataset`: an input whose
+        # length Keras cannot know before it runs out.
+        x, y, batch_size = _iterable_batches(x, y, batch_size), None, None
     epochs = _DPEpochs(rank, opts.get("work", False))
     # Rank 1 waits at a barrier while rank 0 waits for its turn: as long as
     # the gate may take.
@@ -748,6 +754,21 @@ def _dp_fit_worker(rank, world_size):
             )
         epochs.gate.close()
     return epochs.result()
+
+
+def _iterable_batches(x, y, batch_size):
+    """A ``DataLoader`` of a torch ``IterableDataset`` that yields ``(x,
+    y)`` in batches of ``batch_size`` rows, in order, each epoch: an input
+    of unknown length (``num_batches`` is ``None``)."""
+    import torch
+
+    class Batches(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for start in range(0, len(x), batch_size):
+                end = start + batch_size
+                yield x[start:end], y[start:end]
+
+    return torch.utils.data.DataLoader(Batches(), batch_size=None)
 
 
 class _DPEpochs:
