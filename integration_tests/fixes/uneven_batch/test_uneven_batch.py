@@ -29,6 +29,7 @@ import keras
 import numpy as np
 import pytest
 
+from ...harness import data
 from ...harness import devices
 from ...harness import markers
 from ...harness import recorders
@@ -279,3 +280,55 @@ def test_multiworker_uneven_last_batch_matches_one_device():
             _WORKER_CASES, cases
         ):
             _assert_same_trajectory(num_samples, result, expected)
+
+
+def _unknown_length_runs(rank, world_size):
+    """In a ``multiworker-2`` worker: each worker feeds its own batches of
+    a ``tf.data.Dataset`` after ``filter()`` (no known length, no
+    auto-sharding): batches ``rank``, ``rank + 2``, ... of rows ``0, 1,
+    ...`` in batches of 2, so 5 batches give 3 and 2, and 4 give 2 each.
+    ``evaluate`` on both, then ``fit`` on the 5, of the identity with MAE
+    against targets of zero."""
+    strategy = devices.multi_worker_strategy(rank)
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF
+    )
+
+    def own(num_batches):
+        x = np.arange(2 * num_batches, dtype="float32")[:, None]
+        x = x.reshape(num_batches, 2, 1)[rank::world_size].reshape(-1, 1)
+        dataset = tf.data.Dataset.from_tensor_slices((x, np.zeros_like(x)))
+        dataset = dataset.filter(lambda *row: True).batch(2)
+        return dataset.with_options(options)
+
+    with strategy.scope():
+        model = data.identity_mae_model()
+    return {
+        "evaluate": [model.evaluate(own(n), verbose=0) for n in (5, 4)],
+        "fit": model.fit(own(5), verbose=0).history["loss"],
+    }
+
+
+@pytest.mark.fix("uneven-batch", role="guard")
+@pytest.mark.topology("multiworker-2")
+def test_multiworker_inputs_of_unknown_length_evaluate_every_batch():
+    """multiworker-2: workers whose inputs of unknown length run out at
+    different steps (3 and 2 batches) evaluate every batch, as one worker
+    does (the mean of rows 0 to 9, then 0 to 7), and train together:
+    ``tf.distribute`` agrees before each step whether any worker still has
+    data and gives the others an empty batch. Guards the fork's global
+    batch size: its all-reduce must run in every worker of each step,
+    also where one worker traced a static batch size and the other did
+    not (on the master fork.16 wheel it ran in one worker only, and the
+    collectives of both workers failed: "Collective instance ... expected
+    data_type 1 but got data_type 9"). The workers
+    need about 15 s on 2 CPU cores; 300 s bounds the run."""
+    runs = workers.run_workers(
+        f"{__name__}:_unknown_length_runs", world_size=2, timeout=300
+    )
+    for rank, run in enumerate(runs):
+        assert run["evaluate"] == [4.5, 3.5], f"worker {rank}: {run}"
+    assert runs[0]["fit"] == runs[1]["fit"], runs
