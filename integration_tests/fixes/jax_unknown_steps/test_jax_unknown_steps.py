@@ -4,9 +4,11 @@ Over 2 JAX processes (``jax/procs-2``), each process feeds its own batches
 (``auto_shard_dataset=False``): process ``p`` the batches ``p``, ``p + 2``,
 ... of rows ``0, 1, ...`` in batches of 2, from an input whose length is
 unknown before the first step: a ``tf.data.Dataset`` after ``filter()``,
-or a Python generator. With 5 batches process 0 has 3 and process 1 has
-2; each step is one computation over both processes. Stock ``evaluate()``
-and ``fit()`` then run process 0's third step alone: one process crashes
+or a Python generator (and, in the generator's run, a grain
+``IterDataset`` and an endless ``PyDataset`` with ``steps``). With 5
+batches process 0 has 3 and process 1 has 2; each step is one
+computation over both processes. Stock ``evaluate()`` and ``fit()`` then
+run process 0's third step alone: one process crashes
 in the collective or waits forever, and the other returns a result.
 Stock ``predict()`` cannot read the outputs at all (jax-dp-predict). The
 fork compares the processes' batches before each step: at step 2 every
@@ -69,6 +71,38 @@ def _batches(kind, num_batches, first=0, stride=1, targets=True):
     return dataset.filter(lambda *row: True).batch(BATCH)
 
 
+def _grain_batches(num_batches, first, stride):
+    """``_batches``' batches as a ``grain.IterDataset``, whose length Keras
+    never knows (its adapter's ``num_batches`` is ``None``)."""
+    import grain
+
+    rows = [
+        np.arange(i * BATCH, (i + 1) * BATCH, dtype="float32")[:, None]
+        for i in range(first, num_batches, stride)
+    ]
+    batches = [(x, np.zeros_like(x)) for x in rows]
+    return grain.MapDataset.source(batches).to_iter_dataset()
+
+
+class Endless(keras.utils.PyDataset):
+    """Batches ``first``, ``first + stride``, ... of rows ``0, 1, ...`` in
+    batches of ``BATCH``, with no end: ``num_batches`` is ``None``, so
+    ``steps`` must say how many to run."""
+
+    def __init__(self, first, stride):
+        super().__init__()
+        self.first, self.stride = first, stride
+
+    @property
+    def num_batches(self):
+        return None
+
+    def __getitem__(self, i):
+        start = (self.first + i * self.stride) * BATCH
+        x = np.arange(start, start + BATCH, dtype="float32")[:, None]
+        return x, np.zeros_like(x)
+
+
 def _refused(rank, name, outcome):
     """Asserts, in the worker, that ``outcome`` is the ``ValueError`` of
     step 2, where process 1 has no batch. Checked as soon as the call
@@ -121,6 +155,22 @@ def _unknown(rank, world_size, kind):
             ["process 0: 3, process 1: 2"],
             f"process {rank} fit(steps_per_epoch=2)",
         )
+        if kind == "generator":
+            # The other kinds of input with no known length, once a run:
+            # a grain `IterDataset` (3 and 2 batches) is refused alike; an
+            # endless `PyDataset` runs `steps` in every process (rows 0 to
+            # 11 over 3 steps: their mean, from a model `fit` has not
+            # trained).
+            grained = data.outcome(
+                lambda: model.evaluate(
+                    _grain_batches(5, rank, world_size), verbose=0
+                )
+            )
+            _refused(rank, "evaluate(grain)", grained)
+            endless = data.identity_mae_model().evaluate(
+                Endless(rank, world_size), steps=3, verbose=0
+            )
+            assert endless == 5.5, f"process {rank} PyDataset: {endless}"
     return even
 
 
