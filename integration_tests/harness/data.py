@@ -161,6 +161,42 @@ def _index_rows_class():
     return IndexRows
 
 
+def endless_rows(batch_size, first=0, stride=1):
+    """A ``keras.utils.PyDataset`` with no end (``num_batches`` is
+    ``None``, so ``steps`` says how many batches to run): batch ``i`` holds
+    the ``batch_size`` rows from ``(first + i * stride) * batch_size`` on,
+    each the float32 value of its index, shape ``(batch_size, 1)``, with
+    targets of zero. With ``first=p, stride=n``, process ``p`` of ``n``
+    feeds the batches ``p``, ``p + n``, ... itself, as auto-sharding reads
+    them from ``endless_rows(batch_size)``.
+    """
+    return _endless_rows_class()(batch_size, first, stride)
+
+
+@functools.cache
+def _endless_rows_class():
+    """The ``PyDataset`` class of ``endless_rows``, made once keras is
+    imported."""
+    import keras
+    import numpy as np
+
+    class EndlessRows(keras.utils.PyDataset):
+        def __init__(self, batch_size, first, stride):
+            super().__init__()
+            self.rows, self.first, self.stride = batch_size, first, stride
+
+        @property
+        def num_batches(self):
+            return None
+
+        def __getitem__(self, i):
+            start = (self.first + i * self.stride) * self.rows
+            x = np.arange(start, start + self.rows, dtype="float32")[:, None]
+            return x, np.zeros_like(x)
+
+    return EndlessRows
+
+
 def outcome(run):
     """``run()``'s result, or the exception it raised, as ``"<type>:
     <message>"`` (what a worker returns where stock or the fork raises)."""

@@ -84,25 +84,6 @@ def _grain_batches(num_batches, first, stride):
     return grain.MapDataset.source(batches).to_iter_dataset()
 
 
-class Endless(keras.utils.PyDataset):
-    """Batches ``first``, ``first + stride``, ... of rows ``0, 1, ...`` in
-    batches of ``BATCH``, with no end: ``num_batches`` is ``None``, so
-    ``steps`` must say how many to run."""
-
-    def __init__(self, first, stride):
-        super().__init__()
-        self.first, self.stride = first, stride
-
-    @property
-    def num_batches(self):
-        return None
-
-    def __getitem__(self, i):
-        start = (self.first + i * self.stride) * BATCH
-        x = np.arange(start, start + BATCH, dtype="float32")[:, None]
-        return x, np.zeros_like(x)
-
-
 def _refused(rank, name, outcome):
     """Asserts, in the worker, that ``outcome`` is the ``ValueError`` of
     step 2, where process 1 has no batch. Checked as soon as the call
@@ -168,7 +149,7 @@ def _unknown(rank, world_size, kind):
             )
             _refused(rank, "evaluate(grain)", grained)
             endless = data.identity_mae_model().evaluate(
-                Endless(rank, world_size), steps=3, verbose=0
+                data.endless_rows(BATCH, rank, world_size), steps=3, verbose=0
             )
             assert endless == 5.5, f"process {rank} PyDataset: {endless}"
     return even

@@ -79,25 +79,6 @@ def _batches(kind, num_batches, first=0, stride=1):
     return dataset.filter(lambda *row: True).batch(2 * BATCH)
 
 
-class Endless(keras.utils.PyDataset):
-    """Batches ``first``, ``first + stride``, ... of rows ``0, 1, ...`` in
-    batches of ``BATCH``, with no end: ``num_batches`` is ``None``, so
-    ``steps`` must say how many to run."""
-
-    def __init__(self, first=0, stride=1):
-        super().__init__()
-        self.first, self.stride = first, stride
-
-    @property
-    def num_batches(self):
-        return None
-
-    def __getitem__(self, i):
-        start = (self.first + i * self.stride) * BATCH
-        x = np.arange(start, start + BATCH, dtype="float32")[:, None]
-        return x, np.zeros_like(x)
-
-
 class CustomTestStep(keras.Sequential):
     def test_step(self, data):
         return super().test_step(data)
@@ -171,7 +152,9 @@ def _runs(rank, world_size, kind):
     # An endless `PyDataset` runs `steps` in every process: rows 0 to 11
     # over 3 steps (auto-sharded: batches p, p + 2, ... by Keras).
     endless = (
-        Endless() if kind == "tf.data-filter" else Endless(rank, world_size)
+        data.endless_rows(BATCH)
+        if kind == "tf.data-filter"
+        else data.endless_rows(BATCH, rank, world_size)
     )
     endless_loss = model.evaluate(endless, steps=3, verbose=0)
     assert endless_loss == 5.5, f"process {rank} PyDataset: {endless_loss}"
