@@ -108,12 +108,12 @@ def _runs(rank, world_size, kind):
     per process), also with ``steps=3``, with ``steps_per_execution=2``
     and as ``fit``'s validation, each the mean of rows 0 to 9 (auto-sharded
     ``tf.data``: also 1 batch, which process 1 lacks: the mean of rows 0
-    and 1); ``fit`` and a custom ``test_step``'s
-    ``evaluate`` on them, each refused; ``evaluate`` on 4 (2 and 2), whose
-    loss it returns. Each outcome is checked as soon as it returns: on
-    stock the process with fewer batches returns its own batches' loss
-    while the other waits in a reduction, and the failed check ends the
-    run at once (``workers.run_workers``)."""
+    and 1; and ``predict``, every row in order); ``fit`` and a custom
+    ``test_step``'s ``evaluate`` on them, each refused; ``evaluate`` on 4
+    (2 and 2), whose loss it returns. Each outcome is checked as soon as
+    it returns: on stock the process with fewer batches returns its own
+    batches' loss while the other waits in a reduction, and the failed
+    check ends the run at once (``workers.run_workers``)."""
     if kind == "tf.data-filter":
 
         def own(num_batches):
@@ -136,6 +136,12 @@ def _runs(rank, world_size, kind):
         # One batch in all: process 1 has none, and still reports it.
         one = data.outcome(lambda: model.evaluate(own(1), verbose=0))
         assert one == 0.5, f"process {rank} evaluate of 1 batch: {one}"
+        # `predict()` runs no collective in its steps; auto-sharded, its
+        # outputs are gathered once at the end (torch-dp-predict): every
+        # row, in input order, in every process.
+        rows = data.outcome(lambda: model.predict(own(5), verbose=0))
+        rows = rows if isinstance(rows, str) else rows[:, 0].tolist()
+        assert rows == list(range(10)), f"process {rank} predict: {rows}"
     validated = data.outcome(
         lambda: model.fit(own(4), validation_data=own(5), verbose=0).history[
             "val_loss"
