@@ -221,10 +221,11 @@ def child_env(
 ) -> dict[str, str]:
     """The environment of a child process that imports one keras variant.
 
-    One rule for the proof cells (``run_variant``), the benchmarks
-    (``bench._measure``) and the bisection (``bisect.check_prefix``), so
-    that they see the same keras, overlay and devices. Starting from this
-    process's environment:
+    One rule for the proof cells (``runner.run_variant``), the benchmarks
+    (``bench._run_worker``, ``bench.run``), the bisection
+    (``bisect._backend_runs``) and ``regressions``, so that they see the
+    same keras, overlay and devices. Starting from this process's
+    environment:
 
     1. ``PROOF_*`` variables are dropped: they are the settings of one cell
        (``run_variant`` adds the child's own afterwards).

@@ -633,16 +633,6 @@ def format_patch_name(subject: str) -> str:
     return slug[:FORMAT_PATCH_SLUG_MAX] + ".patch"
 
 
-def format_patch_names(tree: Path) -> list[str]:
-    """The file names ``git format-patch`` gives the commits of ``tree``
-    after ``pristine``, without the ``NNNN-`` prefix: the names of the
-    patches in the PR series (git cuts the subject slug at 52
-    characters)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        files = format_patch(tree, Path(tmp))
-        return [re.sub(r"^\d{4}-", "", f.name) for f in files]
-
-
 def check(layout: Layout, base: Base, tree: Path) -> list[str]:
     """Re-exports ``tree`` and compares with ``patches/<version>``.
 
