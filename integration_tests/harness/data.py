@@ -162,37 +162,27 @@ def _index_rows_class():
 
 
 def endless_rows(batch_size, first=0, stride=1):
-    """A ``keras.utils.PyDataset`` with no end (``num_batches`` is
-    ``None``, so ``steps`` says how many batches to run): batch ``i`` holds
-    the ``batch_size`` rows from ``(first + i * stride) * batch_size`` on,
-    each the float32 value of its index, shape ``(batch_size, 1)``, with
-    targets of zero. With ``first=p, stride=n``, process ``p`` of ``n``
+    """``index_rows`` with targets and no end (``num_batches`` is ``None``,
+    so ``steps`` says how many batches to run): batch ``i`` is batch
+    ``first + i * stride`` of rows ``0, 1, ...`` in batches of
+    ``batch_size``. With ``first=p, stride=n``, process ``p`` of ``n``
     feeds the batches ``p``, ``p + n``, ... itself, as auto-sharding reads
     them from ``endless_rows(batch_size)``.
     """
-    return _endless_rows_class()(batch_size, first, stride)
+    return _endless_rows_class()(
+        None, batch_size, first * batch_size, True, stride
+    )
 
 
 @functools.cache
 def _endless_rows_class():
-    """The ``PyDataset`` class of ``endless_rows``, made once keras is
-    imported."""
-    import keras
-    import numpy as np
+    """The ``PyDataset`` class of ``endless_rows``: ``index_rows``' with no
+    number of batches."""
 
-    class EndlessRows(keras.utils.PyDataset):
-        def __init__(self, batch_size, first, stride):
-            super().__init__()
-            self.rows, self.first, self.stride = batch_size, first, stride
-
+    class EndlessRows(_index_rows_class()):
         @property
         def num_batches(self):
             return None
-
-        def __getitem__(self, i):
-            start = (self.first + i * self.stride) * self.rows
-            x = np.arange(start, start + self.rows, dtype="float32")[:, None]
-            return x, np.zeros_like(x)
 
     return EndlessRows
 

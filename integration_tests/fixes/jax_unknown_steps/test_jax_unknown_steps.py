@@ -49,7 +49,8 @@ def _skip_without_tensorflow(kind):
 def _batches(kind, num_batches, first=0, stride=1, targets=True):
     """Batches ``first``, ``first + stride``, ... (fewer than
     ``num_batches``) of rows ``0, 1, ...`` in batches of ``BATCH``, as an
-    input of unknown length of ``kind``."""
+    input of unknown length of ``kind`` (``KINDS``, or ``"grain"``: a
+    ``grain.IterDataset``, whose length Keras never knows)."""
     indices = range(first, num_batches, stride)
     rows = [
         np.arange(i * BATCH, (i + 1) * BATCH, dtype="float32")[:, None]
@@ -62,6 +63,11 @@ def _batches(kind, num_batches, first=0, stride=1, targets=True):
                 yield (x, np.zeros_like(x)) if targets else (x,)
 
         return generate()
+    if kind == "grain":
+        import grain
+
+        batches = [(x, np.zeros_like(x)) if targets else x for x in rows]
+        return grain.MapDataset.source(batches).to_iter_dataset()
     import tensorflow as tf
 
     x = np.concatenate(rows)
@@ -69,19 +75,6 @@ def _batches(kind, num_batches, first=0, stride=1, targets=True):
     dataset = tf.data.Dataset.from_tensor_slices(slices)
     # `filter()` makes the length unknown (cardinality -2).
     return dataset.filter(lambda *row: True).batch(BATCH)
-
-
-def _grain_batches(num_batches, first, stride):
-    """``_batches``' batches as a ``grain.IterDataset``, whose length Keras
-    never knows (its adapter's ``num_batches`` is ``None``)."""
-    import grain
-
-    rows = [
-        np.arange(i * BATCH, (i + 1) * BATCH, dtype="float32")[:, None]
-        for i in range(first, num_batches, stride)
-    ]
-    batches = [(x, np.zeros_like(x)) for x in rows]
-    return grain.MapDataset.source(batches).to_iter_dataset()
 
 
 def _refused(rank, name, outcome):
@@ -144,7 +137,7 @@ def _unknown(rank, world_size, kind):
             # trained).
             grained = data.outcome(
                 lambda: model.evaluate(
-                    _grain_batches(5, rank, world_size), verbose=0
+                    _batches("grain", 5, rank, world_size), verbose=0
                 )
             )
             _refused(rank, "evaluate(grain)", grained)

@@ -324,8 +324,8 @@ def test_multiworker_inputs_of_unknown_length_evaluate_every_batch():
     also where one worker traced a static batch size and the other did
     not (on the master fork.16 wheel it ran in one worker only, and the
     collectives of both workers failed: "Collective instance ... expected
-    data_type 1 but got data_type 9"). The workers
-    need about 15 s on 2 CPU cores; 300 s bounds the run."""
+    data_type 1 but got data_type 9"). The workers need about 15 s on 2
+    CPU cores; 300 s bounds the run."""
     runs = workers.run_workers(
         f"{__name__}:_unknown_length_runs", world_size=2, timeout=300
     )
