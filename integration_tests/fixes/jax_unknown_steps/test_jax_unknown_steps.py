@@ -92,7 +92,9 @@ def _unknown(rank, world_size, kind):
     on 5 batches of unknown length (3 and 2 per process), each refused, and
     ``evaluate`` on 4 (2 and 2), whose loss it returns; then ``evaluate``
     with ``steps=3`` on the 5, and ``fit`` with ``steps_per_epoch=2`` over
-    2 epochs on 5 batches of known length, each refused."""
+    2 epochs on 5 batches of known length, each refused (generator: also
+    ``evaluate``, ``predict`` and ``fit`` on 1 batch, which process 1
+    lacks, each refused in every process)."""
     distribution = devices.jax_processes(rank, world_size)
 
     def own(num_batches, targets=True):
@@ -145,6 +147,16 @@ def _unknown(rank, world_size, kind):
                 data.endless_rows(BATCH, rank, world_size), steps=3, verbose=0
             )
             assert endless == 5.5, f"process {rank} PyDataset: {endless}"
+            # Of 1 batch, process 1's generator has none: its adapter
+            # refuses it there, before any step, and process 0 raises too.
+            for name, run in (
+                ("evaluate", model.evaluate),
+                ("predict", model.predict),
+                ("fit", model.fit),
+            ):
+                empty = data.outcome(lambda: run(own(1), verbose=0))
+                where = f"process {rank} {name} of 1 batch"
+                data.assert_value_error(empty, (), where)
     return even
 
 

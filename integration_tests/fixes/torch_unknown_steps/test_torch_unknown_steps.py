@@ -106,9 +106,10 @@ def _refused(rank, name, outcome):
 def _runs(rank, world_size, kind):
     """In a worker: ``evaluate`` on 5 batches of unknown length (3 and 2
     per process), also with ``steps=3``, with ``steps_per_execution=2``
-    and as ``fit``'s validation, each the mean of rows 0 to 9 (auto-sharded
-    ``tf.data``: also 1 batch, which process 1 lacks: the mean of rows 0
-    and 1; and ``predict``, every row in order); ``fit`` and a custom
+    and as ``fit``'s validation, each the mean of rows 0 to 9; of 1 batch,
+    which process 1 lacks: a generator refused in every process, else the
+    mean of rows 0 and 1 (auto-sharded ``tf.data``: also ``predict``,
+    every row in order); ``fit`` and a custom
     ``test_step``'s ``evaluate`` on them, each refused; ``evaluate`` on 4
     (2 and 2), whose loss it returns. Each outcome is checked as soon as
     it returns: on stock the process with fewer batches returns its own
@@ -142,6 +143,24 @@ def _runs(rank, world_size, kind):
         rows = data.outcome(lambda: model.predict(own(5), verbose=0))
         rows = rows if isinstance(rows, str) else rows[:, 0].tolist()
         assert rows == list(range(10)), f"process {rank} predict: {rows}"
+    else:
+        # Of 1 batch, process 1's input has none. A generator's adapter
+        # refuses it there, before any step, and the other process raises
+        # too; an `IterableDataset` is read step by step, and both report
+        # the mean of rows 0 and 1.
+        one = data.outcome(lambda: model.evaluate(own(1), verbose=0))
+        one_validated = data.outcome(
+            lambda: model.fit(
+                own(4), validation_data=own(1), verbose=0
+            ).history["val_loss"]
+        )
+        where = f"process {rank} of 1 batch"
+        if kind == "generator":
+            data.assert_value_error(one, (), f"{where}: evaluate")
+            data.assert_value_error(one_validated, (), f"{where}: validation")
+        else:
+            runs = [one, one_validated]
+            assert runs == [0.5, [0.5]], f"{where}: {runs}"
     validated = data.outcome(
         lambda: model.fit(own(4), validation_data=own(5), verbose=0).history[
             "val_loss"

@@ -287,8 +287,9 @@ def _unknown_length_runs(rank, world_size):
     a ``tf.data.Dataset`` after ``filter()`` (no known length, no
     auto-sharding): batches ``rank``, ``rank + 2``, ... of rows ``0, 1,
     ...`` in batches of 2, so 5 batches give 3 and 2, and 4 give 2 each.
-    ``evaluate`` on both, then ``fit`` on the 5, of the identity with MAE
-    against targets of zero."""
+    ``evaluate`` on both, ``predict`` on the 5 and on rows 0 to 9 as one
+    auto-sharded ``tf.data.Dataset`` after ``filter()``, then ``fit`` on
+    the 5, of the identity with MAE against targets of zero."""
     strategy = devices.multi_worker_strategy(rank)
     import tensorflow as tf
 
@@ -304,10 +305,18 @@ def _unknown_length_runs(rank, world_size):
         dataset = dataset.filter(lambda *row: True).batch(2)
         return dataset.with_options(options)
 
+    # The same 10 rows as one dataset, auto-sharded by the strategy.
+    rows = np.arange(10, dtype="float32")[:, None]
+    shared = tf.data.Dataset.from_tensor_slices(rows).filter(lambda r: True)
+
+    def predicted(dataset):
+        return model.predict(dataset, verbose=0)[:, 0].tolist()
+
     with strategy.scope():
         model = data.identity_mae_model()
     return {
         "evaluate": [model.evaluate(own(n), verbose=0) for n in (5, 4)],
+        "predict": [sorted(predicted(own(5))), predicted(shared.batch(4))],
         "fit": model.fit(own(5), verbose=0).history["loss"],
     }
 
@@ -319,7 +328,8 @@ def test_multiworker_inputs_of_unknown_length_evaluate_every_batch():
     different steps (3 and 2 batches) evaluate every batch, as one worker
     does (the mean of rows 0 to 9, then 0 to 7), and train together:
     ``tf.distribute`` agrees before each step whether any worker still has
-    data and gives the others an empty batch. Guards the fork's global
+    data and gives the others an empty batch; ``predict()`` returns every
+    worker's rows in every worker. Guards the fork's global
     batch size: its all-reduce must run in every worker of each step,
     also where one worker traced a static batch size and the other did
     not (on the master fork.16 wheel it ran in one worker only, and the
@@ -331,4 +341,7 @@ def test_multiworker_inputs_of_unknown_length_evaluate_every_batch():
     )
     for rank, run in enumerate(runs):
         assert run["evaluate"] == [4.5, 3.5], f"worker {rank}: {run}"
+        # Each worker's `predict()` gathers every worker's rows; those of
+        # the auto-sharded dataset come in input order.
+        assert run["predict"] == [list(range(10))] * 2, f"worker {rank}: {run}"
     assert runs[0]["fit"] == runs[1]["fit"], runs
