@@ -119,6 +119,15 @@ CASES = [
      "dp-2", {"samples": 4096, "batch_size": 64, "epochs": 4,
               "metrics": True, "processes": 2, "since": "3.16.0.dev0",
               "input": "iterable"}),
+    # JAX fit() over processes, the same batches of known and of unknown
+    # length (jax-unknown-steps compares them before each step).
+    ("fit step, MLP + accuracy/AUC", "jax_procs_fit_step", "jax", "procs-2",
+     {"samples": 4096, "batch_size": 64, "epochs": 4, "metrics": True,
+      "processes": 2}),
+    ("fit step, MLP + accuracy/AUC, unknown length", "jax_procs_fit_step",
+     "jax", "procs-2", {"samples": 4096, "batch_size": 64, "epochs": 4,
+                        "metrics": True, "processes": 2,
+                        "input": "tf.data-filter"}),
 ]  # fmt: skip
 
 
@@ -503,7 +512,13 @@ def _run_doc(base, accelerator, rows, **kind):
 
 
 # Step workloads whose work per step ``run_work`` counts.
-WORK_WORKLOADS = ("stateless_call", "fit_step", "ddp_step", "dp_fit_step")
+WORK_WORKLOADS = (
+    "stateless_call",
+    "fit_step",
+    "ddp_step",
+    "dp_fit_step",
+    "jax_procs_fit_step",
+)
 WORK_EPOCHS = 4
 WORK_BEGIN = "<!-- bench-work:begin -->"
 WORK_END = "<!-- bench-work:end -->"

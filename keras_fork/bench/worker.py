@@ -705,7 +705,27 @@ def dp_fit_step(opts, gate):
     {...}}``. Options as ``fit_step`` (``model``, ``metrics``); with
     ``opts["input"] == "iterable"``, the same batches from a torch
     ``IterableDataset`` (no known length)."""
-    runs, result = _run_processes("_dp_fit_worker", opts)
+    return _processes_fit_step("_dp_fit_worker", opts)
+
+
+def jax_procs_fit_step(opts, gate):
+    """``dp_fit_step`` over ``opts["processes"]`` JAX processes (gloo on
+    127.0.0.1, one CPU device each), under
+    ``keras.distribution.DataParallel`` with ``auto_shard_dataset=False``:
+    each process feeds its part of every global batch. With
+    ``opts["work"]``, ``graph`` counts the gathers across processes that
+    Keras runs on the host per step (``JAXGatherCounter``: the step-count
+    comparisons of jax-unknown-steps), not the collectives compiled into
+    the step. With ``opts["input"] == "tf.data-filter"``, the same batches
+    from a ``tf.data.Dataset`` after ``filter()`` (no known length)."""
+    return _processes_fit_step("_jax_procs_fit_worker", opts)
+
+
+def _processes_fit_step(target, opts):
+    """Runs ``target`` in each process (``_run_processes``); with
+    ``opts["work"]``, ``graph`` is the process's that counted more
+    collectives per step."""
+    runs, result = _run_processes(target, opts)
     if opts.get("work"):
         result["graph"] = max(
             (r["graph"] for r in runs), key=lambda g: g["collectives"]
@@ -771,15 +791,110 @@ def _iterable_batches(x, y, batch_size):
     return torch.utils.data.DataLoader(Batches(), batch_size=None)
 
 
-class _DPEpochs:
-    """What a ``_dp_fit_worker`` process measures in each epoch: its time
-    and steps and, after the first epoch, its Python calls and collectives
-    (with ``work``); in lockstep (``BENCH_GATE``) rank 0 holds the gate and
-    the processes meet at a barrier around each epoch."""
+def _torch_barrier():
+    import torch
 
-    def __init__(self, rank, work):
+    torch.distributed.barrier()
+
+
+def _jax_procs_fit_worker(rank, world_size):
+    """One process of ``jax_procs_fit_step``: its step time per epoch,
+    peak memory and, with ``work``, its counts (``_result``)."""
+    from integration_tests.harness import data
+    from integration_tests.harness import devices
+
+    opts = json.loads(os.environ["BENCH_OPTS"])
+    # Before any JAX computation.
+    distribution = devices.jax_processes(rank, world_size)
+    import keras
+    from jax.experimental import multihost_utils
+
+    build, x, y = _model_and_data(opts)
+    y, metrics = _metrics(keras, opts, y)
+    (x, y), batch_size = data.process_batches(
+        (x, y), opts["batch_size"], (rank, world_size)
+    )
+    if opts.get("input") == "tf.data-filter":
+        x, y, batch_size = _filtered_batches(x, y, batch_size), None, None
+    work = opts.get("work", False)
+    epochs = _DPEpochs(
+        rank,
+        work,
+        collectives=JAXGatherCounter(work),
+        barrier=lambda: multihost_utils.sync_global_devices("bench epoch"),
+    )
+    with distribution.scope():
+        model = build(keras)
+        model.compile(optimizer="sgd", loss="mse", metrics=metrics)
+        model.fit(
+            x,
+            y,
+            batch_size=batch_size,
+            epochs=opts["epochs"] + 1,
+            shuffle=True,
+            verbose=0,
+            callbacks=[epochs.callback(keras)],
+        )
+    epochs.gate.close()
+    return epochs.result()
+
+
+def _filtered_batches(x, y, batch_size):
+    """``(x, y)`` in batches of ``batch_size`` rows, in order, from a
+    ``tf.data.Dataset`` after ``filter()``: an input of unknown length
+    (cardinality -2), read anew each epoch."""
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    return dataset.filter(lambda *row: True).batch(batch_size)
+
+
+class JAXGatherCounter(CallCounter):
+    """Counts the calls of ``jax.experimental.multihost_utils.
+    process_allgather`` between ``start`` and ``stop``, from any thread:
+    the gathers across JAX processes that Keras runs on the host (e.g. to
+    compare the processes' batches), not those compiled into the step.
+    A counter made with ``enabled=False`` counts nothing.
+
+    Attributes:
+        counts: one ``{"process_allgather": count}`` per start/stop.
+    """
+
+    def start(self):
+        if self.enabled:
+            from jax.experimental import multihost_utils
+
+            calls = collections.Counter()
+            gather = multihost_utils.process_allgather
+
+            def counted(*args, **kwargs):
+                calls["process_allgather"] += 1
+                return gather(*args, **kwargs)
+
+            self._restore = (gather, calls)
+            multihost_utils.process_allgather = counted
+
+    def stop(self):
+        if self.enabled:
+            from jax.experimental import multihost_utils
+
+            gather, calls = self._restore
+            multihost_utils.process_allgather = gather
+            self.counts.append(dict(calls))
+
+
+class _DPEpochs:
+    """What a ``_dp_fit_worker`` (or ``_jax_procs_fit_worker``) process
+    measures in each epoch: its time and steps and, after the first epoch,
+    its Python calls and collectives (with ``work``; ``collectives``, a
+    ``TorchCollectiveCounter`` by default); in lockstep (``BENCH_GATE``)
+    rank 0 holds the gate and the processes meet at ``barrier`` (torch's
+    by default) around each epoch."""
+
+    def __init__(self, rank, work, collectives=None, barrier=None):
         self.calls = CallCounter(enabled=work)
-        self.collectives = TorchCollectiveCounter(enabled=work)
+        self.collectives = collectives or TorchCollectiveCounter(work)
+        self._barrier_of_processes = barrier or _torch_barrier
         self.lockstep = "BENCH_GATE" in os.environ
         self.gate = Gate.from_env() if rank == 0 else Gate()
         self.times, self.steps = [], []
@@ -806,9 +921,7 @@ class _DPEpochs:
 
     def _barrier(self):
         if self.lockstep:
-            import torch
-
-            torch.distributed.barrier()
+            self._barrier_of_processes()
 
     def callback(self, keras):
         """A Keras callback that calls ``begin``/``end`` and counts steps."""

@@ -108,8 +108,8 @@ def _runs(rank, world_size, kind):
     per process), also with ``steps=3``, with ``steps_per_execution=2``
     and as ``fit``'s validation, each the mean of rows 0 to 9; of 1 batch,
     which process 1 lacks: a generator refused in every process, else the
-    mean of rows 0 and 1 (auto-sharded ``tf.data``: also ``predict``,
-    every row in order); ``fit`` and a custom
+    mean of rows 0 and 1; ``predict``, every row in order where
+    auto-sharded, else each process's own; ``fit`` and a custom
     ``test_step``'s ``evaluate`` on them, each refused; ``evaluate`` on 4
     (2 and 2), whose loss it returns. Each outcome is checked as soon as
     it returns: on stock the process with fewer batches returns its own
@@ -154,6 +154,12 @@ def _runs(rank, world_size, kind):
                 own(4), validation_data=own(1), verbose=0
             ).history["val_loss"]
         )
+        # Not auto-sharded, `predict()` runs no collective: each process
+        # returns the rows of its own batches, in order.
+        rows = data.outcome(lambda: model.predict(own(5), verbose=0))
+        rows = rows if isinstance(rows, str) else rows[:, 0].tolist()
+        own_rows = [r for i in range(rank, 5, 2) for r in (2 * i, 2 * i + 1)]
+        assert rows == own_rows, f"process {rank} predict: {rows}"
         where = f"process {rank} of 1 batch"
         if kind == "generator":
             data.assert_value_error(one, (), f"{where}: evaluate")
