@@ -810,7 +810,10 @@ def _jax_procs_fit_worker(rank, world_size):
     from jax.experimental import multihost_utils
 
     build, x, y = _model_and_data(opts)
-    y, metrics = _metrics(keras, opts, y)
+    with distribution.scope():
+        # The metrics' variables too: a JAX variable made outside the scope
+        # lives on this process's device alone.
+        y, metrics = _metrics(keras, opts, y)
     (x, y), batch_size = data.process_batches(
         (x, y), opts["batch_size"], (rank, world_size)
     )
@@ -1000,6 +1003,7 @@ WORKLOADS = {
     "fit_step": fit_step,
     "ddp_step": ddp_step,
     "dp_fit_step": dp_fit_step,
+    "jax_procs_fit_step": jax_procs_fit_step,
     "stateless_call": stateless_call,
 }
 
