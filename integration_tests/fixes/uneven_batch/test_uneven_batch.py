@@ -289,7 +289,8 @@ def _unknown_length_runs(rank, world_size):
     ...`` in batches of 2, so 5 batches give 3 and 2, and 4 give 2 each.
     ``evaluate`` on both, ``predict`` on the 5 and on rows 0 to 9 as one
     auto-sharded ``tf.data.Dataset`` after ``filter()``, then ``fit`` on
-    the 5, of the identity with MAE against targets of zero."""
+    the 5, validated on the 5, of the identity with MAE against targets of
+    zero."""
     strategy = devices.multi_worker_strategy(rank)
     import tensorflow as tf
 
@@ -317,7 +318,7 @@ def _unknown_length_runs(rank, world_size):
     return {
         "evaluate": [model.evaluate(own(n), verbose=0) for n in (5, 4)],
         "predict": [sorted(predicted(own(5))), predicted(shared.batch(4))],
-        "fit": model.fit(own(5), verbose=0).history["loss"],
+        "fit": model.fit(own(5), validation_data=own(5), verbose=0).history,
     }
 
 
@@ -344,4 +345,7 @@ def test_multiworker_inputs_of_unknown_length_evaluate_every_batch():
         # Each worker's `predict()` gathers every worker's rows; those of
         # the auto-sharded dataset come in input order.
         assert run["predict"] == [list(range(10))] * 2, f"worker {rank}: {run}"
+    # One history in both workers, with the loss and validation loss of
+    # every step (tf.distribute runs the same steps in both).
     assert runs[0]["fit"] == runs[1]["fit"], runs
+    assert sorted(runs[0]["fit"]) == ["loss", "val_loss"], runs
