@@ -14,6 +14,10 @@ from packaging.version import Version
 
 from keras_fork import cli
 from keras_fork.bench import bench
+from keras_fork.bench import counts
+from keras_fork.bench import lockstep
+from keras_fork.bench import suite
+from keras_fork.bench import tables
 from keras_fork.errors import ForkError
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
@@ -44,7 +48,7 @@ def _doc(rows, machine="x86_64, 2 cores, CPU", rounds=8):
         "date": rows[0]["date"],
         "machine": machine,
         "rounds": rounds,
-        "method": bench.METHOD,
+        "method": lockstep.METHOD,
         "cases": rows,
     }
 
@@ -62,13 +66,13 @@ def test_a_run_of_some_cases_replaces_only_their_rows():
         ]
     )
     doc = _doc([_row(SHUFFLE, "tensorflow", "1", 0.8, "2026-11-23")])
-    merged = bench.merge(previous, doc)
+    merged = tables.merge(previous, doc)
     assert [(r["backend"], r["ratio"]) for r in merged["cases"]] == [
         ("jax", 1.0),
         ("tensorflow", 0.8),
         ("jax", 1.1),
     ]
-    table = bench.render_table(merged)
+    table = tables.render_table(merged)
     assert "2026-11-22..2026-11-23" in table
     assert "| shuffle epoch, 10M samples | tensorflow | 1 |" in table
 
@@ -77,45 +81,47 @@ def test_cases_are_selected_by_name_backend_and_topology():
     def keys(cases):
         return [(c[0], c[2], c[3]) for c in cases]
 
-    assert bench.select_cases() == bench.CASES
+    assert suite.select_cases() == suite.CASES
     cnn = "fit step, CNN + BatchNorm"
-    assert keys(bench.select_cases(["CNN"], None, ["1"])) == [
+    assert keys(suite.select_cases(["CNN"], None, ["1"])) == [
         (cnn, "jax", "1"),
         (cnn, "torch", "1"),
         (cnn, "tensorflow", "1"),
     ]
-    assert keys(bench.select_cases([cnn], ["torch", "tensorflow"], ["1"])) == [
+    assert keys(suite.select_cases([cnn], ["torch", "tensorflow"], ["1"])) == [
         (cnn, "torch", "1"),
         (cnn, "tensorflow", "1"),
     ]
-    assert keys(bench.select_cases(None, ["torch"], ["ddp-2"])) == [
+    assert keys(suite.select_cases(None, ["torch"], ["ddp-2"])) == [
         ("DDP loop step, small MLP", "torch", "ddp-2"),
         ("DDP loop step, CNN + BatchNorm", "torch", "ddp-2"),
     ]
-    assert bench.select_cases(["no such case"]) == []
+    assert suite.select_cases(["no such case"]) == []
 
 
 def test_rows_of_another_machine_rounds_or_kind_are_dropped():
     previous = _doc([_row(MLP, "jax", "1", 1.1)])
     doc = _doc([_row(SHUFFLE, "jax", "1", 1.0)], rounds=3)
-    assert bench.merge(previous, doc) is doc
+    assert tables.merge(previous, doc) is doc
     doc = _doc([_row(SHUFFLE, "jax", "1", 1.0)], machine="aarch64")
-    assert bench.merge(previous, doc) is doc
-    assert bench.merge(None, doc) is doc
+    assert tables.merge(previous, doc) is doc
+    assert tables.merge(None, doc) is doc
     doc = dict(_doc([_row(SHUFFLE, "jax", "1", 1.0)]), aa=True)
-    assert bench.merge(previous, doc) is doc
+    assert tables.merge(previous, doc) is doc
     # Rows timed a process per measurement (before the lockstep).
     doc = _doc([_row(SHUFFLE, "jax", "1", 1.0)])
-    assert bench.merge(dict(previous, method=None), doc) is doc
+    assert tables.merge(dict(previous, method=None), doc) is doc
 
 
 def test_an_aa_table_says_it_measures_stock_twice():
     doc = dict(_doc([_row(MLP, "jax", "1", 1.1)]), aa=True)
-    table = bench.render_table(doc)
+    table = tables.render_table(doc)
     assert "A/A run: the fork column is stock again" in table
     assert "paired stock/stock ratios" in table
     assert "fork/stock" not in table
-    assert "paired fork/stock ratios" in bench.render_table(dict(doc, aa=False))
+    assert "paired fork/stock ratios" in tables.render_table(
+        dict(doc, aa=False)
+    )
 
 
 STOCK_FILE = 'source_file="/a/stock/keras/src/trainers/trainer.py"'
@@ -192,7 +198,7 @@ def test_the_work_table_says_whether_the_compiled_steps_match():
             _work_row("stateless_call", None, None, 100.0, 99.5),
         ],
     )
-    table = bench.render_work_table(doc)
+    table = tables.render_work_table(doc)
     assert "| 400.0 | 402.0 | +2.0 | same XLA HLO (245 ops) |" in table
     assert "| differs: XLA HLO 245/251 ops |" in table
     assert "| 100.0 | 99.5 | -0.5 | - (eager) |" in table
@@ -201,7 +207,7 @@ def test_the_work_table_says_whether_the_compiled_steps_match():
     doc["cases"] = [_work_row(MLP, counted, more)]
     assert (
         "differs: XLA HLO 245/251 ops; collectives/step 2 -> 4, eager "
-        "reductions/step 0 -> 0.5 |" in bench.render_work_table(doc)
+        "reductions/step 0 -> 0.5 |" in tables.render_work_table(doc)
     )
 
 
@@ -216,7 +222,7 @@ def test_work_mode_finds_the_compiled_step(backend, kind):
     bases = pins.load_bases(layout)
     base = bases[max(bases, key=Version)]
     fork = variants.install_variants(layout, base)["fork"]
-    result = bench._run_worker(
+    result = counts.run_worker(
         fork,
         variants.install_overlay(layout, base),
         "fit_step",
@@ -244,7 +250,7 @@ def test_work_mode_counts_the_reductions_of_a_mirrored_step():
     dirs = variants.install_variants(layout, base)
     overlay = variants.install_overlay(layout, base)
     graphs = {
-        variant: bench._run_worker(
+        variant: counts.run_worker(
             dirs[variant],
             overlay,
             "fit_step",
@@ -283,7 +289,7 @@ def test_a_round_alternates_strictly_and_drops_the_settling_turns():
         "stock": FakeWorker("stock", [9.0, 1.0, 1.0, 2.0, 2.0], log),
         "fork": FakeWorker("fork", [9.0, 1.0, 1.5, 2.0, 2.0], log),
     }
-    times, ratios, peaks = bench.measure_round(0, workers, 5)
+    times, ratios, peaks = lockstep.measure_round(0, workers, 5)
     assert log[:2] == ["stock ready", "fork ready"]
     assert log[2:] == ["stock", "fork"] * 5  # never twice in a row
     assert times["stock"] == [1.0, 1.0, 2.0, 2.0]
@@ -301,20 +307,20 @@ def test_odd_rounds_start_with_the_fork():
         "stock": FakeWorker("stock", [1.0] * 3, log),
         "fork": FakeWorker("fork", [2.0] * 3, log),
     }
-    _, ratios, _ = bench.measure_round(1, workers, 3)
-    assert bench.round_order(1) == ("fork", "stock")  # started in this order
+    _, ratios, _ = lockstep.measure_round(1, workers, 3)
+    assert lockstep.round_order(1) == ("fork", "stock")  # started in this order
     assert log == ["fork ready", "stock ready"] + ["fork", "stock"] * 3
     assert ratios == [2.0]  # fork, stock, [fork], stock
     with pytest.raises(ValueError, match="at least 3 turns"):
-        bench.measure_round(0, workers, 2)
+        lockstep.measure_round(0, workers, 2)
 
 
 def test_the_median_interval_holds_the_median():
     ratios = [0.9, 0.95, 1.0, 1.0, 1.02, 1.05, 1.1, 1.3, 0.97, 1.01]
-    low, high = bench.median_ci([ratios[:5], ratios[5:]])
+    low, high = lockstep.median_ci([ratios[:5], ratios[5:]])
     assert low <= statistics.median(ratios) <= high
     assert 0.9 <= low and high <= 1.3
-    assert bench.median_ci([[1.0, 1.0], [1.0]]) == (1.0, 1.0)
+    assert lockstep.median_ci([[1.0, 1.0], [1.0]]) == (1.0, 1.0)
 
 
 def test_the_interval_widens_with_the_spread_between_rounds():
@@ -323,9 +329,9 @@ def test_the_interval_widens_with_the_spread_between_rounds():
     # the median is uncertain between them; pooling the ratios would not.
     low_rounds = [[1.0 + 0.001 * i for i in range(10)]] * 2
     high_rounds = [[1.1 + 0.001 * i for i in range(10)]] * 2
-    low, high = bench.median_ci(low_rounds + high_rounds)
+    low, high = lockstep.median_ci(low_rounds + high_rounds)
     assert low < 1.01 and high > 1.1
-    pooled = bench.median_ci([sum(low_rounds + high_rounds, [])])
+    pooled = lockstep.median_ci([sum(low_rounds + high_rounds, [])])
     assert pooled[1] - pooled[0] < high - low
 
 
@@ -336,7 +342,7 @@ def _gated(script, timeout=60, env=None):
         "from keras_fork.bench.worker import Gate\n"
         "gate = Gate.from_env()\n"
     )
-    return bench.LiveWorker(
+    return lockstep.LiveWorker(
         "fake",
         [sys.executable, "-c", prelude + script],
         dict(os.environ, **(env or {})),
@@ -470,13 +476,13 @@ def _fake_measurements(monkeypatch):
     base = types.SimpleNamespace(version="3.15.1")
     monkeypatch.setattr(bench.pins, "select_bases", lambda layout, v: [base])
     monkeypatch.setattr(
-        bench, "run", lambda *a: _doc([_row(MLP, "jax", "1", 1.1)])
+        lockstep, "run", lambda *a: _doc([_row(MLP, "jax", "1", 1.1)])
     )
     hlo = {"kind": "XLA HLO", "ops": 245, "digest": "55f943beacb0"}
     work = dict(
         _doc([{"date": "2026-11-23"}]), cases=[_work_row(MLP, hlo, hlo)]
     )
-    monkeypatch.setattr(bench, "run_work", lambda *a: work)
+    monkeypatch.setattr(counts, "run_work", lambda *a: work)
 
 
 @pytest.mark.parametrize("option", ["--docs", "--readme"])
@@ -484,8 +490,8 @@ def test_the_tables_go_into_docs_benchmarks_md(option, tmp_path, monkeypatch):
     _fake_measurements(monkeypatch)
     docs = tmp_path / "docs" / "benchmarks.md"
     docs.parent.mkdir()
-    markers = (bench.DOCS_BEGIN, bench.DOCS_END)
-    markers += (bench.WORK_BEGIN, bench.WORK_END)
+    markers = (tables.DOCS_BEGIN, tables.DOCS_END)
+    markers += (tables.WORK_BEGIN, tables.WORK_END)
     docs.write_text(
         "# Benchmarks\n{}\nold\n{}\nmid\n{}\nold\n{}\nend\n".format(*markers)
     )
@@ -493,9 +499,9 @@ def test_the_tables_go_into_docs_benchmarks_md(option, tmp_path, monkeypatch):
     assert cli.main(argv) == 0
     assert cli.main([*argv, "--work"]) == 0
     text = docs.read_text()
-    timed = text.split(bench.DOCS_BEGIN)[1].split(bench.DOCS_END)[0]
+    timed = text.split(tables.DOCS_BEGIN)[1].split(tables.DOCS_END)[0]
     assert "| fit step, small MLP | jax | 1 | 1000.000 ms |" in timed
-    counted = text.split(bench.WORK_BEGIN)[1].split(bench.WORK_END)[0]
+    counted = text.split(tables.WORK_BEGIN)[1].split(tables.WORK_END)[0]
     assert "| same XLA HLO (245 ops) |" in counted
     assert "old" not in text
     assert text.startswith("# Benchmarks\n") and "\nmid\n" in text
@@ -543,7 +549,7 @@ class _CannedLiveWorker:
 def test_a_run_measures_every_round_of_each_case(aa, monkeypatch):
     started = []
     monkeypatch.setattr(_CannedLiveWorker, "started", started)
-    monkeypatch.setattr(bench, "LiveWorker", _CannedLiveWorker)
+    monkeypatch.setattr(lockstep, "LiveWorker", _CannedLiveWorker)
     monkeypatch.setattr(
         bench.variants,
         "install_variants",
@@ -553,8 +559,8 @@ def test_a_run_measures_every_round_of_each_case(aa, monkeypatch):
     printed = []
     console = types.SimpleNamespace(print=printed.append)
     base = types.SimpleNamespace(version="3.15.1")
-    cases = bench.select_cases([MLP], ["jax"], ["1"])
-    doc = bench.run(None, base, 3, "cpu", cases, console, aa)
+    cases = suite.select_cases([MLP], ["jax"], ["1"])
+    doc = lockstep.run(None, base, 3, "cpu", cases, console, aa)
     assert doc["rounds"] == 3 and doc["aa"] is aa
     (row,) = doc["cases"]
     assert (row["case"], row["backend"], row["topology"]) == (MLP, "jax", "1")
@@ -566,7 +572,9 @@ def test_a_run_measures_every_round_of_each_case(aa, monkeypatch):
     assert row["pinned_cpu"] == max(os.sched_getaffinity(0))
     names = [w.name for w, _ in started]
     assert names == [
-        f"{v} (fit_step, jax/1)" for r in range(3) for v in bench.round_order(r)
+        f"{v} (fit_step, jax/1)"
+        for r in range(3)
+        for v in lockstep.round_order(r)
     ]
     assert all(w.killed for w, _ in started)
     fork_keras = {w.keras for w, _ in started if w.name.startswith("fork")}
@@ -600,7 +608,7 @@ def test_the_alone_table_has_a_row_a_pr_and_a_column_a_case():
             row(SHUFFLE, "1", 1, None, None),
         ]
     )
-    table = bench.render_alone_table(doc)
+    table = tables.render_alone_table(doc)
     assert f"| PR | {MLP} (mirrored-2) | {SHUFFLE} (1) |" in table
     assert "| 1 | 2 -> 2 (same) | not counted |" in table
     assert "| 2 | 2 -> 4 + 0.5 | - |" in table
@@ -632,19 +640,19 @@ def test_counting_some_prs_keeps_the_others_rows_while_they_name_the_patch():
     )
     new = _doc([_alone_row(3, "third.patch", "2026-11-27")])
     submission = ["new-first.patch", "second.patch", "third.patch"]
-    merged = bench.merge_alone(old, new, submission)
+    merged = tables.merge_alone(old, new, submission)
     # PR 1 now names another patch: its old count is dropped, not shown
     # under the new PR; PR 2 keeps its row; PR 3 has the new one.
     assert [(r["pr"], r["date"]) for r in merged["cases"]] == [
         (2, "2026-11-25"),
         (3, "2026-11-27"),
     ]
-    table = bench.render_alone_table(merged)
+    table = tables.render_alone_table(merged)
     assert "2026-11-25..2026-11-27" in table
     assert "| 1 |" not in table
     # Counts from another machine are not mixed in.
     other = dict(old, machine="elsewhere")
-    assert bench.merge_alone(other, new, submission) == new
+    assert tables.merge_alone(other, new, submission) == new
 
 
 def test_an_unknown_pr_number_is_refused_before_anything_is_installed(
@@ -662,15 +670,15 @@ def test_an_unknown_pr_number_is_refused_before_anything_is_installed(
 
     monkeypatch.setattr(bench.variants, "install_prerequisites", no_install)
     with pytest.raises(ForkError, match=r"unknown --pr 3; valid: 1\.\.2"):
-        bench._alone_variants(layout, base, None, [3])
+        counts._alone_variants(layout, base, None, [3])
 
 
 def test_a_case_with_since_runs_only_on_bases_that_have_it():
-    cases = bench.select_cases(["MLP + accuracy/AUC"], None, None)
-    backends = {(c[2], c[3]) for c in bench.cases_on_base(cases, "3.15.1")}
+    cases = suite.select_cases(["MLP + accuracy/AUC"], None, None)
+    backends = {(c[2], c[3]) for c in suite.cases_on_base(cases, "3.15.1")}
     assert ("torch", "dp-2") not in backends
     assert ("tensorflow", "mirrored-2") in backends
-    on_master = bench.cases_on_base(cases, "3.16.0.dev2026102704")
+    on_master = suite.cases_on_base(cases, "3.16.0.dev2026102704")
     assert ("torch", "dp-2") in {(c[2], c[3]) for c in on_master}
 
 
@@ -708,9 +716,9 @@ def test_an_eager_step_shows_its_collectives_only():
         return {"kind": "eager", "collectives": n, "eager_per_step": 0}
 
     row = {"stock_graph": graph(9.125), "fork_graph": graph(9.125)}
-    assert bench._graph_text(row) == (
+    assert tables._graph_text(row) == (
         "- (eager); collectives/step 9.125 -> 9.125"
     )
-    assert bench._graph_text({"stock_graph": None, "fork_graph": None}) == (
+    assert tables._graph_text({"stock_graph": None, "fork_graph": None}) == (
         "- (eager)"
     )

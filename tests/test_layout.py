@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_fork.bench import bench
+from keras_fork.bench import tables
 from keras_fork.proof import catalog
 from keras_fork.proof import prove
 from keras_fork.recipe import pins
@@ -129,8 +129,8 @@ def test_the_master_pr_sizes_are_generated():
     "doc, markers",
     [
         ("proof.md", (prove.DOCS_BEGIN, prove.DOCS_END)),
-        ("benchmarks.md", (bench.DOCS_BEGIN, bench.DOCS_END)),
-        ("benchmarks.md", (bench.WORK_BEGIN, bench.WORK_END)),
+        ("benchmarks.md", (tables.DOCS_BEGIN, tables.DOCS_END)),
+        ("benchmarks.md", (tables.WORK_BEGIN, tables.WORK_END)),
     ],
 )
 def test_docs_have_the_generated_table_markers(doc, markers):

@@ -222,7 +222,7 @@ def child_env(
     """The environment of a child process that imports one keras variant.
 
     One rule for the proof cells (``runner.run_variant``), the benchmarks
-    (``bench._run_worker``, ``bench.run``), the bisection
+    (``counts.run_worker``, ``lockstep.run``), the bisection
     (``bisect._backend_runs``) and ``regressions``, so that they see the
     same keras, overlay and devices. Starting from this process's
     environment:
