@@ -14,6 +14,7 @@ from packaging.version import Version
 
 from keras_fork import cli
 from keras_fork.bench import bench
+from keras_fork.bench import counters
 from keras_fork.bench import counts
 from keras_fork.bench import lockstep
 from keras_fork.bench import suite
@@ -139,25 +140,23 @@ HLO = (
 
 
 def test_canonical_hlo_ignores_source_locations_not_ops():
-    from keras_fork.bench import worker as bench_worker
 
-    stock = bench_worker.canonical_hlo(HLO)
+    stock = counters.canonical_hlo(HLO)
     assert len(stock) == 3
     # The same program from another install, emitted by other lines.
     moved = HLO.replace("/a/stock/", "/a/fork/").replace("=462", "=476")
-    assert bench_worker.canonical_hlo(moved) == stock
+    assert counters.canonical_hlo(moved) == stock
     # One more op is a different program.
     extra = HLO.replace(
         "  %c.2 = f32[] constant(0)\n",
         "  %c.2 = f32[] constant(0)\n  %n.5 = f32[2]{0} negate(%p.1)\n",
     )
-    assert len(bench_worker.canonical_hlo(extra)) == 4
+    assert len(counters.canonical_hlo(extra)) == 4
 
 
 def test_hlo_collectives_counts_cross_device_ops_once_each():
-    from keras_fork.bench import worker as bench_worker
 
-    lines = bench_worker.canonical_hlo(
+    lines = counters.canonical_hlo(
         HLO.replace(
             "  %c.2 = f32[] constant(0)\n",
             "  %c.2 = f32[] constant(0)\n"
@@ -169,8 +168,8 @@ def test_hlo_collectives_counts_cross_device_ops_once_each():
         )
     )
     # The async pair counts once; the plain reduce is not a collective.
-    assert bench_worker.hlo_collectives(lines) == 2
-    assert bench_worker.hlo_collectives(bench_worker.canonical_hlo(HLO)) == 0
+    assert counters.hlo_collectives(lines) == 2
+    assert counters.hlo_collectives(counters.canonical_hlo(HLO)) == 0
 
 
 def _work_row(case, stock_graph, fork_graph, stock_calls=400.0, fork=402.0):
@@ -339,7 +338,7 @@ def _gated(script, timeout=60, env=None):
     """A LiveWorker running ``script`` with the real Gate."""
     prelude = (
         "import json, os, sys, time\n"
-        "from keras_fork.bench.worker import Gate\n"
+        "from keras_fork.bench.protocol import Gate\n"
         "gate = Gate.from_env()\n"
     )
     return lockstep.LiveWorker(
@@ -438,7 +437,7 @@ def test_a_hanging_worker_times_out_and_its_group_is_killed(tmp_path):
 
 
 def test_the_gate_is_on_loopback_only():
-    from keras_fork.bench.worker import Gate
+    from keras_fork.bench.protocol import Gate
 
     with pytest.raises(ValueError, match="127.0.0.1"):
         Gate("10.0.0.1:5000")
@@ -688,7 +687,7 @@ def test_torch_collectives_are_counted_from_the_process_groups_events(
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
 
-    from keras_fork.bench.worker import TorchCollectiveCounter
+    from keras_fork.bench.counters import TorchCollectiveCounter
 
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1

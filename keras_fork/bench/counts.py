@@ -65,7 +65,7 @@ def run_work(layout, base, accelerator, cases, console):
       keeps the smallest: the epochs differ only by how often the main
       thread polls a background thread (JAX's prefetch), which adds calls
       and never removes them.
-    * the compiled training step's size and digest (``compiled_step``):
+    * the compiled training step's size and digest (``counters.compiled_step``):
       the same digest means the same XLA program (JAX) or the same op
       counts by type (TensorFlow) every step.
 
@@ -73,7 +73,7 @@ def run_work(layout, base, accelerator, cases, console):
         The ``dist/bench-work.json`` document: rows of ``case``,
         ``backend``, ``topology``, ``stock_calls``/``fork_calls`` (per
         step), ``*_calls_max`` (the largest epoch's), ``stock_graph``/
-        ``fork_graph`` (``compiled_step`` or ``None``).
+        ``fork_graph`` (``counters.compiled_step`` or ``None``).
     """
     dirs = dict(variants.install_variants(layout, base))
     overlay = variants.install_overlay(layout, base)
