@@ -11,6 +11,7 @@ from rich.console import Console
 
 from keras_fork.errors import ForkError
 from keras_fork.proof import bisect
+from keras_fork.proof import kerastests
 
 
 @pytest.mark.parametrize(
@@ -19,17 +20,20 @@ from keras_fork.proof import bisect
         ("keras/src/backend/jax/distribution_lib_test.py", ["jax"]),
         ("keras/src/backend/tensorflow/distribute_test.py", ["tensorflow"]),
         ("keras/src/backend/torch/core_test.py", ["torch"]),
-        ("keras/src/backend/common/variables_test.py", list(bisect.BACKENDS)),
-        ("keras/src/losses/loss_test.py", list(bisect.BACKENDS)),
+        (
+            "keras/src/backend/common/variables_test.py",
+            list(kerastests.BACKENDS),
+        ),
+        ("keras/src/losses/loss_test.py", list(kerastests.BACKENDS)),
     ],
 )
 def test_backend_folders_run_with_their_backend_only(path, want):
-    assert bisect.backends_for(path, bisect.BACKENDS) == want
+    assert kerastests.backends_for(path, kerastests.BACKENDS) == want
 
 
 def test_a_backend_folder_outside_the_selection_runs_nowhere():
     path = "keras/src/backend/jax/distribution_lib_test.py"
-    assert bisect.backends_for(path, ("tensorflow",)) == []
+    assert kerastests.backends_for(path, ("tensorflow",)) == []
 
 
 def test_touched_test_files_in_patch_order(tmp_path):
@@ -40,7 +44,7 @@ def test_touched_test_files_in_patch_order(tmp_path):
         "+++ b/keras/src/backend/tensorflow/distribute_test.py\n"
         "+++ b/keras/src/losses/loss_test.py\n"
     )
-    assert bisect.touched_test_files([patch]) == [
+    assert kerastests.touched_test_files([patch]) == [
         "keras/src/losses/loss_test.py",
         "keras/src/backend/tensorflow/distribute_test.py",
     ]
@@ -63,7 +67,7 @@ def test_prefix_runs_select_the_tests_the_patch_adds(tmp_path):
     )
     files = ["keras/src/losses/loss_test.py", "keras/src/layers/layer_test.py"]
     # A file whose existing tests the patch only edits runs whole.
-    assert bisect.added_test_selection(patch, files) == (
+    assert kerastests.added_test_selection(patch, files) == (
         "test_empty_batch or test_empty_batch_sum or layer_test"
     )
 
@@ -154,7 +158,7 @@ def test_a_multi_device_pass_may_select_no_added_test(
     keras/src/backend/jax/trainer_test.py) selects none: pytest's exit
     code 5 passes there, nowhere else."""
     monkeypatch.setattr(
-        bisect, "_pytest", lambda *args: (code, "9 deselected in 0.06s")
+        kerastests, "run_pytest", lambda *args: (code, "9 deselected in 0.06s")
     )
     run = bisect.PrefixRun(
         17, "jax, 8 devices", (), {}, Path("."), may_select_none

@@ -12,6 +12,7 @@ from keras_fork import cli
 from keras_fork.errors import ForkError
 from keras_fork.proof import catalog
 from keras_fork.proof import fixes
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
 
@@ -65,7 +66,7 @@ def test_a_trailer_typo_a_fix_without_patch_and_a_missing_cell_are_named(
     tmp_path,
 ):
     layout = _scratch(tmp_path)
-    name = series.patch_file_name(
+    name = patchfile.patch_file_name(
         "Normalize distributed losses by the step's global batch size"
     )
     for patch in layout.patches.glob(f"*/{name}"):  # the fix on every base
@@ -152,7 +153,7 @@ def test_fixes_json_lists_every_fix_named_by_a_trailer(capsys):
         for p in series.read_series(LAYOUT, base) + series.read_repo_only(
             LAYOUT, base
         ):
-            named.update(series.parse_patch(p).fixes)
+            named.update(patchfile.parse_patch(p).fixes)
     assert named == set(listed)
     row = listed["uneven-batch"]
     name = "normalize-distributed-losses-by-the-step-s-global-batch-size.patch"

@@ -17,11 +17,13 @@ from keras_fork import cli
 from keras_fork.errors import ForkError
 from keras_fork.proof import catalog
 from keras_fork.proof import fixes as fixes_lib
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
 from keras_fork.recipe import submission
 from keras_fork.recipe import wheel
+from keras_fork.upstream import prbody
 from keras_fork.upstream import prseries
 from tests import fake_upstream as fake
 
@@ -79,7 +81,7 @@ def test_pr_series_strips_fork_trailers_and_applies_to_pristine(
         "0001-Reverse-the-order.patch",
     ]
     text = (out / "0001-Reverse-the-order.patch").read_text()
-    for trailer in series.FORK_TRAILERS:
+    for trailer in patchfile.FORK_TRAILERS:
         assert f"\n{trailer}: " not in text
     assert "Fixes keras-team/keras#1" in text
     body = (out / "0001-Reverse-the-order.md").read_text()
@@ -180,7 +182,7 @@ def test_repo_only_patches_join_the_pr_series_but_not_the_wheel(
 
 def test_fixes_is_claimed_once_per_issue_across_the_series():
     def info(subject, issue, closes):
-        return series.PatchInfo(
+        return patchfile.PatchInfo(
             subject, subject, subject, {}, issue, "", closes
         )
 
@@ -190,7 +192,7 @@ def test_fixes_is_claimed_once_per_issue_across_the_series():
         info("c", "keras-team/keras#8", False),
         info("d", None, False),
     ]
-    assert prseries.issue_lines(infos) == [
+    assert prbody.issue_lines(infos) == [
         "Fixes keras-team/keras#7",
         "Refs keras-team/keras#7",
         "Refs keras-team/keras#8",
@@ -229,8 +231,8 @@ def test_pr_description_sections_follow_the_message_labels():
             "Fixes keras-team/keras#1",
         ]
     )
-    info = series.PatchInfo("p.patch", "Shuffle", message, {}, None, "")
-    text = "\n".join(prseries.description_sections(info))
+    info = patchfile.PatchInfo("p.patch", "Shuffle", message, {}, None, "")
+    text = "\n".join(prbody.description_sections(info))
     assert [h for h in text.split("\n") if h.startswith("##")] == [
         "### Repro (KERAS_BACKEND=jax)",
         "### The fix",
@@ -362,16 +364,14 @@ def test_master_pr_bodies_read_as_a_colleagues():
     leaves the CLA box to the submitter."""
     layout = pins.Layout.default()
     (base,) = pins.select_bases(layout, [MASTER])
-    infos = [series.parse_patch(p) for p in series.read_series(layout, base)]
+    infos = [patchfile.parse_patch(p) for p in series.read_series(layout, base)]
     assert infos, "the master series is empty"
     cells = prseries.pr_cells(layout, base, _master_matrix(layout))
-    summaries = prseries.fix_summaries(layout)
+    summaries = prbody.fix_summaries(layout)
     names = {c["topology"] for c in cells} - {"1", "8"}
-    issues = prseries.issue_lines(infos)
+    issues = prbody.issue_lines(infos)
     for info, issue in zip(infos, issues, strict=True):
-        body = prseries.render_pr_body(
-            info, base, cells, issue, None, summaries
-        )
+        body = prbody.render_pr_body(info, base, cells, issue, None, summaries)
         runs = [c for c in cells if c["fix"] in info.fixes]
         runs = [c for c in runs if c["verdict"] != "n/a"]
         # A PR with no running cell has none.
@@ -506,8 +506,8 @@ def test_the_master_pr_series_sends_prs_and_never_a_carried_patch(
     for pr in sub.pending:
         (body,) = (out / "pending").glob(f"{pr.number:04d}-*.md")
         assert body.read_text().startswith(f"**Waits on** {pr.after.label}")
-    subjects = [series.parse_patch(c.patch).subject for c in sub.carried]
-    names = [series.format_patch_name(s) for s in subjects]
+    subjects = [patchfile.parse_patch(c.patch).subject for c in sub.carried]
+    names = [patchfile.format_patch_name(s) for s in subjects]
     assert not [n for n in names for f in numbered + pending if n in f]
     for issue in sub.issues:
         text = (out / "issues" / issue.path.name).read_text()

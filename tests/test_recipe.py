@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from keras_fork.errors import ForkError
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
@@ -211,7 +212,7 @@ def test_series_round_trip_is_byte_identical(upstream):
         for p in series.series_dir(layout, base).iterdir()
     }
     assert after == before
-    info = series.parse_patch(series.series_dir(layout, base) / names[0])
+    info = patchfile.parse_patch(series.series_dir(layout, base) / names[0])
     assert info.fix == "reverse"
     assert info.upstream_issue == "keras-team/keras#1"
     assert info.trailers["Forwarded"] == "no"
@@ -455,17 +456,17 @@ def test_status_leaves_out_test_files_the_sdist_lacks(upstream, tmp_path):
 
 
 def test_patch_file_names_are_whole_lowercase_slugs():
-    name = series.patch_file_name(
+    name = patchfile.patch_file_name(
         "Normalize distributed losses by the step's global batch size"
     )
     assert name == (
         "normalize-distributed-losses-by-the-step-s-global-batch-size.patch"
     )
     long = " ".join(["word"] * 30)  # 149 characters
-    cut = series.patch_file_name(long).removesuffix(".patch")
-    assert len(cut) <= series.SLUG_MAX
+    cut = patchfile.patch_file_name(long).removesuffix(".patch")
+    assert len(cut) <= patchfile.SLUG_MAX
     assert cut.split("-") == ["word"] * len(cut.split("-"))  # whole words
-    assert series.patch_file_name("`training`!") == "training.patch"
+    assert patchfile.patch_file_name("`training`!") == "training.patch"
 
 
 SUBJECTS = [
@@ -499,7 +500,7 @@ def test_format_patch_name_follows_git(tmp_path):
         env=env,
     )
     made = [f.name[5:] for f in sorted(out.glob("*.patch"))]
-    assert made == [series.format_patch_name(s) for s in SUBJECTS]
+    assert made == [patchfile.format_patch_name(s) for s in SUBJECTS]
 
 
 def test_not_alone_names_a_patch_that_needs_an_earlier_one(upstream):
@@ -593,7 +594,7 @@ def test_status_shows_each_patch_s_upstream_status(
         f"Forwarded: {forwarded}\nApplied-Upstream: {applied}\n\n"
         "diff --git a/x b/x\n"
     )
-    assert series.parse_patch(patch).upstream_status == expected
+    assert patchfile.parse_patch(patch).upstream_status == expected
 
 
 def test_a_patch_may_carry_several_fixes(tmp_path):
@@ -604,7 +605,7 @@ def test_a_patch_may_carry_several_fixes(tmp_path):
         "Subject: Fix it\n\nBody.\n\nFork-Fix: reverse\nFork-Fix: other\n"
         "Forwarded: no\n\ndiff --git a/x b/x\n"
     )
-    info = series.parse_patch(patch)
+    info = patchfile.parse_patch(patch)
     assert info.fixes == ("reverse", "other")
     assert "Fork-Fix" not in info.message
 
@@ -638,7 +639,7 @@ def test_added_tests_are_module_functions_and_class_methods_only(tmp_path):
     # The model's test_step overrides (nested, or a method of a model
     # class) are not tests pytest collects; a method added to a test class
     # that only the hunk header names is.
-    assert series.parse_patch(patch).added_tests() == [
+    assert patchfile.parse_patch(patch).added_tests() == [
         "keras/src/a_test.py::test_module_level",
         "keras/src/a_test.py::test_method",
         "keras/src/a_test.py::test_added",

@@ -14,6 +14,7 @@ import pytest
 
 from keras_fork.proof import catalog
 from keras_fork.proof import fixes
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
 from keras_fork.recipe import series
@@ -78,7 +79,7 @@ def test_pr_series_applies_to_the_pristine_sdist(base, tmp_path):
     excludes = [f"--exclude={f}" for f in sorted(absent)]
     series.git(tree, "am", "-q", *excludes, *map(str, prs), env=env)
     log = series.git(tree, "log", "--format=%B", env=env)
-    for trailer in series.FORK_TRAILERS:
+    for trailer in patchfile.FORK_TRAILERS:
         assert f"{trailer}: " not in log
     commits = series.git(tree, "rev-list", "HEAD", env=env).split()
     assert len(commits) == len(prs) + 1

@@ -185,19 +185,26 @@ def _dp_fit_worker(rank, world_size):
         distribution = devices.torch_processes(rank, world_size)
         distribution.auto_shard_dataset = False
         with distribution.scope():
-            model = build(keras)
-            model.compile(optimizer="sgd", loss="mse", metrics=metrics)
-            model.fit(
-                x,
-                y,
-                batch_size=batch_size,
-                epochs=opts["epochs"] + 1,
-                shuffle=True,
-                verbose=0,
-                callbacks=[epochs.callback(keras)],
-            )
+            _fit(keras, build(keras), metrics, (x, y, batch_size), opts, epochs)
         epochs.gate.close()
     return epochs.result()
+
+
+def _fit(keras, model, metrics, data, opts, epochs):
+    """Compiles ``model`` (SGD, MSE, ``metrics``) and fits it on ``data``,
+    ``(x, y, batch_size)``, for ``opts["epochs"]`` epochs after the first,
+    each measured by ``epochs`` (a ``_DPEpochs``)."""
+    x, y, batch_size = data
+    model.compile(optimizer="sgd", loss="mse", metrics=metrics)
+    model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=opts["epochs"] + 1,
+        shuffle=True,
+        verbose=0,
+        callbacks=[epochs.callback(keras)],
+    )
 
 
 def _iterable_batches(x, y, batch_size):
@@ -251,17 +258,7 @@ def _jax_procs_fit_worker(rank, world_size):
         barrier=lambda: multihost_utils.sync_global_devices("bench epoch"),
     )
     with distribution.scope():
-        model = build(keras)
-        model.compile(optimizer="sgd", loss="mse", metrics=metrics)
-        model.fit(
-            x,
-            y,
-            batch_size=batch_size,
-            epochs=opts["epochs"] + 1,
-            shuffle=True,
-            verbose=0,
-            callbacks=[epochs.callback(keras)],
-        )
+        _fit(keras, build(keras), metrics, (x, y, batch_size), opts, epochs)
     epochs.gate.close()
     return epochs.result()
 

@@ -16,12 +16,9 @@ the proof matrix's ``unit`` cells run every test file the series touches.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,81 +29,15 @@ from concurrent.futures import wait
 from pathlib import Path
 
 from keras_fork.errors import ForkError
+from keras_fork.proof import kerastests
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
 from keras_fork.recipe import wheel
 
-BACKENDS = ("jax", "tensorflow", "torch")
-
-# Keras's repository conftest.py (not in the sdist) skips the tests marked
-# ``multi_device`` unless the backend sees several devices; a backend's own
-# folder (keras/src/backend/<name>/) is tested with that backend only. The
-# bisection follows both rules, and runs the jax ``multi_device`` tests in a
-# second pass with 8 virtual CPU devices, as Keras's multi-device CI would.
-CONFTEST = """\
-# Written by keras_fork: Keras's test conventions (its repository conftest.py,
-# which the sdist lacks): torch imported before TensorFlow, the
-# requires_trainable_backend and multi_device markers, and multi_device tests
-# skipped unless the backend sees several devices.
-try:
-    import torch  # noqa: F401  (before TensorFlow, as Keras's conftest)
-except ImportError:
-    torch = None
-import pytest
-
-from keras.src.backend import backend
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "requires_trainable_backend: any")
-    config.addinivalue_line("markers", "multi_device: needs several devices")
-
-
-def pytest_collection_modifyitems(config, items):
-    several = False
-    if backend() == "jax":
-        import jax
-
-        several = jax.device_count() > 1
-    elif backend() == "torch" and torch is not None:
-        several = torch.cuda.device_count() > 1
-    skip = pytest.mark.skip(reason="needs several devices")
-    for item in items:
-        if "multi_device" in item.keywords and not several:
-            item.add_marker(skip)
-"""
-JAX_DEVICES = 8
-# pytest's exit code when it selects no test.
-NO_TESTS_COLLECTED = 5
 # Seconds one prefix's pytest run may take (trainer_test.py on torch, the
 # longest, takes about 9 minutes on 2 busy cores).
 PREFIX_TIMEOUT = 1800
-
-
-def backends_for(test_file: str, backends) -> list[str]:
-    """The backends that run ``test_file`` (a path in the Keras tree).
-
-    A file under ``keras/src/backend/<name>/`` with ``<name>`` one of
-    ``BACKENDS`` runs with that backend only (it tests that backend's
-    implementation); every other file runs with each of ``backends``.
-    """
-    parts = Path(test_file).parts
-    if parts[:3] == ("keras", "src", "backend") and parts[3] in BACKENDS:
-        return [b for b in backends if b == parts[3]]
-    return list(backends)
-
-
-def touched_test_files(patches: list[Path]) -> list[str]:
-    """Paths of the ``*_test.py`` files the patches change, in order."""
-    files = []
-    for patch in patches:
-        for path in re.findall(
-            r"^\+\+\+ b/(\S+_test\.py)$", patch.read_text(), flags=re.M
-        ):
-            if path not in files:
-                files.append(path)
-    return files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,24 +56,6 @@ class PrefixRun:
     env: dict
     cwd: Path
     may_select_none: bool = False
-
-
-def added_test_selection(patch: Path, test_files: list[str]) -> str:
-    """A pytest ``-k`` expression for the tests ``patch`` adds.
-
-    A touched file to which the patch adds no test function (it only edits
-    existing ones) is selected whole, by its module name.
-
-    Returns:
-        ``"test_a or test_b or loss_test"``-style text; "" when there are
-        no test files.
-    """
-    added = series.parse_patch(patch).added_tests()
-    terms = []
-    for f in test_files:
-        names = [t.partition("::")[2] for t in added if t.startswith(f + "::")]
-        terms += names or [Path(f).stem]
-    return " or ".join(dict.fromkeys(terms))
 
 
 class SeriesTree:
@@ -275,7 +188,8 @@ def prepare_prefix(
     tree = source.checkout(k, tmp / "tree", _changed_files(patches[-1]))
     # A keras-nightly tree has only the test files the series creates; its
     # prefixes still build (the test hunks run on a Keras checkout).
-    tests = [t for t in touched_test_files(patches[-1:]) if (tree / t).exists()]
+    touched = kerastests.touched_test_files(patches[-1:])
+    tests = [t for t in touched if (tree / t).exists()]
     runs = [
         run
         for backend in backends
@@ -306,24 +220,28 @@ def _backend_runs(
     """The pytest runs of prefix ``k`` on ``backend`` (see
     ``prepare_prefix``): one a pass of ``_passes`` over the test files of
     ``tests`` that this backend runs; none when it runs none of them."""
-    mine = [t for t in tests if backend in backends_for(t, backends)]
+    mine = [t for t in tests if backend in kerastests.backends_for(t, backends)]
     if not mine:
         return []
-    work = _test_root(tree, mine, tmp / f"tests-{backend}")
+    work = kerastests.test_root(tree, mine, tmp / f"tests-{backend}")
     runs = []
-    for label, topo_env, select in _passes(backend, tree, mine):
+    for label, topo_env, select in kerastests.passes(backend, tree, mine):
         env = variants.child_env(
             tmp / "site",
             topology_env={**variants.compile_cache_env(layout), **topo_env},
             with_repo=False,
         )
         if not whole_files:
-            select = [*select, "-k", added_test_selection(patch, mine)]
+            select = [
+                *select,
+                "-k",
+                kerastests.added_test_selection(patch, mine),
+            ]
         runs.append(
             PrefixRun(
                 k,
                 label,
-                _pytest_cmd(work, select),
+                kerastests.pytest_command([work], select, rootdir=work),
                 env,
                 work,
                 may_select_none=not whole_files and "-m" in select,
@@ -371,35 +289,6 @@ def _compiles(tree: Path, patch: Path) -> None:
         raise ForkError(f"{patch.name}: does not compile:\n{out.stderr}")
 
 
-def _test_root(tree: Path, files: list[str], work: Path) -> Path:
-    """Copies ``files`` (paths in ``tree``) into ``work``, a pytest root of
-    their own (an empty ``pytest.ini``, the bisect ``conftest.py``);
-    returns ``work``."""
-    work.mkdir()
-    for t in files:
-        shutil.copyfile(tree / t, work / Path(t).name)
-    (work / "pytest.ini").write_text("[pytest]\n")
-    (work / "conftest.py").write_text(CONFTEST)
-    return work
-
-
-def _pytest_cmd(work: Path, select: list[str]) -> tuple[str, ...]:
-    """The pytest command line of one run: the tests in ``work`` that
-    ``select`` (pytest options) picks, ``work`` its root."""
-    return (
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--rootdir",
-        str(work),
-        *select,
-        str(work),
-    )
-
-
 def _install(whl: Path, target: Path) -> None:
     """``pip install --no-deps --target`` of a prefix's wheel."""
     subprocess.run(
@@ -420,68 +309,12 @@ def _install(whl: Path, target: Path) -> None:
     )
 
 
-def _passes(backend: str, tree: Path, files: list[str]) -> list[tuple]:
-    """``(label, env, pytest selection)`` of each pytest pass of a backend:
-    one on one device, plus on jax a ``multi_device`` pass on
-    ``JAX_DEVICES`` virtual devices where a file has such tests (Keras's
-    conftest skips them on fewer than 4 devices)."""
-    topology_env = {
-        "KERAS_BACKEND": backend,
-        "CUDA_VISIBLE_DEVICES": "",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    passes = [(backend, topology_env, [])]
-    if backend == "jax" and any(
-        "multi_device" in (tree / t).read_text() for t in files
-    ):
-        flags = f"--xla_force_host_platform_device_count={JAX_DEVICES}"
-        passes.append(
-            (
-                f"{backend}, {JAX_DEVICES} devices",
-                dict(topology_env, XLA_FLAGS=flags),
-                ["-m", "multi_device"],
-            )
-        )
-    return passes
-
-
 def run_prefix_tests(run: PrefixRun, timeout=PREFIX_TIMEOUT):
     """Runs one ``PrefixRun``; returns ``(passed, pytest's last line)``."""
-    code, last = _pytest(list(run.cmd), run.env, run.cwd, timeout)
-    if code == NO_TESTS_COLLECTED and run.may_select_none:
+    code, last = kerastests.run_pytest(list(run.cmd), run.env, run.cwd, timeout)
+    if code == kerastests.NO_TESTS_COLLECTED and run.may_select_none:
         return True, last
     return code == 0, last
-
-
-def _pytest(cmd, env, cwd, timeout) -> tuple[int | None, str]:
-    """Runs ``cmd`` in its own process group, killed after ``timeout`` s.
-
-    Returns:
-        ``(exit code or None on timeout, pytest's last output line)``.
-    """
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None, f"timed out after {timeout:.0f}s (killed)"
-        finally:
-            # Whatever the run left behind (e.g. multi-worker test workers).
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        out.seek(0)
-        text = out.read().strip().splitlines()
-    return code, (text or ["(no output)"])[-1]
 
 
 def add_arguments(p) -> None:
@@ -492,7 +325,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--backend",
         action="append",
-        choices=BACKENDS,
+        choices=kerastests.BACKENDS,
         help="run the unit tests on this backend only (repeatable)",
     )
     p.add_argument(
@@ -543,7 +376,7 @@ def _queue_prefixes(pool, layout, bases, args, tmp: Path):
         ``(jobs, lengths)``: ``{job: (base, None)}`` of the submitted
         builds, and each base version's series length.
     """
-    backends = args.backend or BACKENDS
+    backends = args.backend or kerastests.BACKENDS
     jobs, lengths = {}, {}
     for base in bases:
         patches = series.read_series(layout, base)

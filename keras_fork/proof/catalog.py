@@ -22,6 +22,7 @@ from keras_fork.outputs import replace_between
 from keras_fork.proof import fixes as fixes_lib
 from keras_fork.proof import variants
 from keras_fork.proof.runner import load_previous
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
 from keras_fork.recipe import submission
@@ -66,7 +67,7 @@ def patches_by_fix(layout: pins.Layout) -> dict:
         files = series.read_series(layout, base)
         files += series.read_repo_only(layout, base)
         for path in files:
-            info = series.parse_patch(path)
+            info = patchfile.parse_patch(path)
             for fix_id in info.fixes or (None,):
                 out[fix_id][base.version].append(info)
     return out
@@ -252,7 +253,7 @@ def _series_infos(layout, version):
     files = series.read_series(layout, base) + series.read_repo_only(
         layout, base
     )
-    return [series.parse_patch(p) for p in files]
+    return [patchfile.parse_patch(p) for p in files]
 
 
 def readme_table(rows: list[dict]) -> str:
@@ -295,7 +296,7 @@ def series_rows(layout: pins.Layout) -> list[dict]:
     rows = []
     for base in pins.load_bases(layout).values():
         infos = [
-            series.parse_patch(p) for p in series.read_series(layout, base)
+            patchfile.parse_patch(p) for p in series.read_series(layout, base)
         ]
         rows.append(
             {
@@ -367,7 +368,7 @@ def pr_sizes_table(layout: pins.Layout) -> str:
             continue
         order = submission.read_submission(layout, base)
         for k, patch in enumerate(order, start=1):
-            subject = series.parse_patch(patch).subject
+            subject = patchfile.parse_patch(patch).subject
             counts = series.line_counts(patch)
             src, tests = counts["source"], counts["tests"]
             lines.append(
@@ -387,7 +388,7 @@ def carried_lines(layout: pins.Layout) -> str:
         if base.package != "keras-nightly":
             continue
         for c in submission.read(layout, base).carried:
-            info = series.parse_patch(c.patch)
+            info = patchfile.parse_patch(c.patch)
             fixes = ", ".join(f"`{f}`" for f in info.fixes)
             waits = f"design {c.issue.label}" if c.issue else c.upstream
             lines.append(
@@ -416,14 +417,14 @@ def review_table(layout: pins.Layout) -> str:
             tally[pr.verdict or "-"] += 1
             lines.append(
                 f"| {base.version} | {pr.number} | "
-                f"{series.parse_patch(pr.patch).subject} | {sent} | "
+                f"{patchfile.parse_patch(pr.patch).subject} | {sent} | "
                 f"{pr.verdict or '-'} | {pr.note} |"
             )
         for c in sub.carried:
             groups["carried"] += 1
             lines.append(
                 f"| {base.version} | - | "
-                f"{series.parse_patch(c.patch).subject} | carried | - | "
+                f"{patchfile.parse_patch(c.patch).subject} | carried | - | "
                 f"{c.why}; waits on {c.waits_on} |"
             )
     lines += ["", f"Counted: {_tally(tally)}; {_tally(groups)}"]

@@ -52,11 +52,12 @@ def unit_file_label(path: Path) -> str:
 def unit_tests(layout: pins.Layout, base: pins.Base, fix: str) -> UnitTests:
     """Collects the unit tests added by the patches marked ``Fork-Fix: fix``
     in the series of ``base`` (files from ``build/trees/<version>``)."""
+    from keras_fork.recipe import patchfile
     from keras_fork.recipe import series
 
     files, names = [], []
     for patch in series.read_series(layout, base):
-        info = series.parse_patch(patch)
+        info = patchfile.parse_patch(patch)
         if fix not in info.fixes:
             continue
         for test in info.added_tests():

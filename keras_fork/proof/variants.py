@@ -25,6 +25,7 @@ import filelock
 
 from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
@@ -127,7 +128,7 @@ def scratch_layout(layout, base, patches, tmp: Path, source_only: bool):
     for p in patches:
         data = p.read_bytes()
         if source_only:
-            data = series.without_files(data, _test_files(data))
+            data = patchfile.without_files(data, _test_files(data))
         (folder / p.name).write_bytes(data)
     (folder / series.ORDER_FILE).write_text(
         "".join(p.name + "\n" for p in patches)
@@ -154,7 +155,9 @@ def prerequisite_patches(
             of the patches also carries ``fix`` (stock plus the
             prerequisites would then carry the fix itself).
     """
-    infos = {p: series.parse_patch(p) for p in series.read_series(layout, base)}
+    infos = {
+        p: patchfile.parse_patch(p) for p in series.read_series(layout, base)
+    }
     chosen = {p: i for p, i in infos.items() if set(i.fixes) & set(needs)}
     absent = sorted(set(needs) - {f for i in chosen.values() for f in i.fixes})
     if absent:
@@ -223,7 +226,7 @@ def child_env(
 
     One rule for the proof cells (``runner.run_variant``), the benchmarks
     (``counts.run_worker``, ``lockstep.run``), the bisection
-    (``bisect._backend_runs``) and ``regressions``, so that they see the
+    (``bisect.prepare_prefix``) and ``regressions``, so that they see the
     same keras, overlay and devices. Starting from this process's
     environment:
 

@@ -40,6 +40,7 @@ import tomllib
 from pathlib import Path
 
 from keras_fork.errors import ForkError
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import series
 from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
@@ -130,13 +131,13 @@ class Submission:
         """What waits on ``issue``, one phrase each: ``PR k: <subject>`` or
         ``carried: <subject>``."""
         out = [
-            f"PR {p.number}: {series.parse_patch(p.patch).subject}"
+            f"PR {p.number}: {patchfile.parse_patch(p.patch).subject}"
             for p in self.pending
             if p.after == issue
         ]
         out += [
             f"carried in the fork's wheel: "
-            f"{series.parse_patch(c.patch).subject}"
+            f"{patchfile.parse_patch(c.patch).subject}"
             for c in self.carried
             if c.issue == issue
         ]

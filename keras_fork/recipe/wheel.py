@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from keras_fork.errors import ForkError
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
 from keras_fork.recipe.pins import Base
@@ -135,7 +136,7 @@ def patch_manifest(layout: Layout, base: Base) -> list[dict]:
     """The ``patches`` list of ``FORK_PATCHES.json``: each patch's subject,
     fix id, upstream issue and DEP-3 trailers, in series order. ``name`` is
     the patch's file name in the PR series (``git format-patch``'s, without
-    the number, ``series.format_patch_name``): a reader can match it
+    the number, ``patchfile.format_patch_name``): a reader can match it
     against a PR, and it does not change when ``patches/<V>/`` renames a
     file.
 
@@ -144,8 +145,8 @@ def patch_manifest(layout: Layout, base: Base) -> list[dict]:
     """
     out = []
     for path in series.read_series(layout, base):
-        info = series.parse_patch(path)
-        name = series.format_patch_name(info.subject)
+        info = patchfile.parse_patch(path)
+        name = patchfile.format_patch_name(info.subject)
         out.append(dict(info.manifest_entry(), name=name))
     return out
 

@@ -13,7 +13,7 @@ its commit), the pristine sdist is master's source: each PR's source
 hunks are applied alone on ``pristine`` (``git am -3``, the chain's
 blobs being in the materialized tree's repository) and exported again,
 and its test hunks, which are already written against master's test
-files (``pr-tests``), are kept as they are (``series.with_files``).
+files (``pr-tests``), are kept as they are (``patchfile.with_files``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from keras_fork.errors import ForkError
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import series
 
 
@@ -88,6 +89,6 @@ def _cut_one(work: Path, patch: Path, dest: Path, env: dict) -> Path:
         "HEAD",
         env=env,
     )
-    cut = series.with_files(text.encode(), patch.read_bytes(), tests)
+    cut = patchfile.with_files(text.encode(), patch.read_bytes(), tests)
     dest.write_bytes(cut)
     return dest

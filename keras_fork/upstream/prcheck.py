@@ -9,10 +9,10 @@ whole PR, test hunks included, on a Keras git checkout at a revision
 (default ``master``): for each patch, a worktree at that revision, the
 patch applied alone (``git apply --3way``), then the tests it adds, on
 each backend, with Keras's own ``conftest.py`` from the checkout
-(``bisect.added_test_selection``, ``bisect.backends_for``). Then the same
-tests with the PR's test hunks only, on the checkout's own code (stock):
-they must fail there, or the PR's tests do not show what it fixes. It
-prints one row a PR and writes ``dist/pr-check-<V>.json``.
+(``kerastests.added_test_selection``, ``kerastests.backends_for``). Then
+the same tests with the PR's test hunks only, on the checkout's own code
+(stock): they must fail there, or the PR's tests do not show what it
+fixes. It prints one row a PR and writes ``dist/pr-check-<V>.json``.
 
 It runs in this environment's Python (the test stack: TensorFlow, JAX,
 torch), with the checkout's ``keras`` package first on the path. The
@@ -32,7 +32,7 @@ from pathlib import Path
 from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
 from keras_fork.outputs import write_atomic
-from keras_fork.proof import bisect
+from keras_fork.proof import kerastests
 from keras_fork.recipe import pins
 from keras_fork.recipe import submission
 from keras_fork.upstream import checkout
@@ -98,7 +98,7 @@ def stock_verdict(row: dict, backends) -> str:
 def run_tests(worktree: Path, patch: Path, backends, timeout=TIMEOUT) -> dict:
     """The tests ``patch`` adds, run in ``worktree`` on each backend: on
     one device, and on jax also on 8 virtual devices where a test file has
-    ``multi_device`` tests (``bisect._passes``).
+    ``multi_device`` tests (``kerastests.passes``).
 
     Returns:
         ``{backend: "pass" | "fail" | "timeout" | "skipped" | "-"}``:
@@ -106,30 +106,21 @@ def run_tests(worktree: Path, patch: Path, backends, timeout=TIMEOUT) -> dict:
         test file of the patch runs on that backend; and pytest's last line
         of each pass as ``{backend + ":log": [line, ...]}``.
     """
-    files = bisect.touched_test_files([patch])
-    selection = bisect.added_test_selection(patch, files)
+    files = kerastests.touched_test_files([patch])
+    selection = kerastests.added_test_selection(patch, files)
     out = {}
     for backend in backends:
-        mine = [f for f in files if backend in bisect.backends_for(f, backends)]
+        mine = [
+            f for f in files if backend in kerastests.backends_for(f, backends)
+        ]
         if not mine:
             out[backend] = "-"
             continue
         results, logs = [], []
-        for _, pass_env, extra in bisect._passes(backend, worktree, mine):
+        for _, pass_env, extra in kerastests.passes(backend, worktree, mine):
             env = dict(os.environ, PYTHONPATH=str(worktree), **pass_env)
-            cmd = [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                *mine,
-                "-k",
-                selection,
-                *extra,
-            ]
-            code, last = bisect._pytest(cmd, env, worktree, timeout)
+            cmd = kerastests.pytest_command(mine, ["-k", selection, *extra])
+            code, last = kerastests.run_pytest(cmd, env, worktree, timeout)
             logs.append(last)
             if code is None:
                 results.append("timeout")

@@ -5,7 +5,7 @@ base, unmodified (the pristine sdist's copies: the fork's added or changed
 test hunks are the proof matrix's ``unit`` cells, not part of this
 comparison), once against stock keras and once against fork keras
 (``build/variants/<V>/{stock,fork}``, as the proof matrix installs them),
-under Keras's own test conventions (``bisect.CONFTEST``; the sdist's
+under Keras's own test conventions (``kerastests.CONFTEST``; the sdist's
 ``[tool.pytest.ini_options]``), one pytest process per backend and side:
 JAX with 8 virtual CPU devices so the ``multi_device`` tests run,
 TensorFlow and torch on one device.
@@ -39,8 +39,8 @@ from integration_tests.harness.junit import read_junit
 from integration_tests.harness.run import run_bounded
 from keras_fork import outputs
 from keras_fork.errors import ForkError
-from keras_fork.proof import bisect
 from keras_fork.proof import fixes
+from keras_fork.proof import kerastests
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
@@ -197,7 +197,7 @@ def lay_out_tests(tree: Path, files: list[str], work: Path) -> None:
     for f in files:
         (work / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tree / f, work / f)
-    (work / "conftest.py").write_text(bisect.CONFTEST)
+    (work / "conftest.py").write_text(kerastests.CONFTEST)
     project = tomllib.loads((tree / "pyproject.toml").read_text())
     options = project.get("tool", {}).get("pytest", {}).get("ini_options", {})
     lines = ["[pytest]"]

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from keras_fork.errors import ForkError
+from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
@@ -155,7 +156,7 @@ def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
             patches = series.read_series(layout, b)
             repo_only = series.read_repo_only(layout, b)
             upstream = {
-                p: series.parse_patch(p).upstream_status
+                p: patchfile.parse_patch(p).upstream_status
                 for p in patches + repo_only
             }
             for target, archive, shipped in targets:

@@ -1,0 +1,206 @@
+"""Keras's own unit tests, run the way Keras runs them, outside its repository.
+
+The sdist has Keras's test files but not its repository's ``conftest.py``
+(``CONFTEST`` writes its rules); a backend's own folder
+(``keras/src/backend/<name>/``) is tested with that backend only
+(``backends_for``); the tests a patch adds are picked by name
+(``added_test_selection``); each backend runs one pass on one device, and
+JAX a second, ``multi_device`` pass on ``JAX_DEVICES`` virtual devices
+(``passes``). ``run_pytest`` runs one pass in its own process group, killed
+after its timeout. Used by the bisection (``bisect``) and ``pr-check``
+(``keras_fork.upstream.prcheck``); ``regressions`` writes the same
+conftest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from keras_fork.recipe import patchfile
+
+BACKENDS = ("jax", "tensorflow", "torch")
+
+
+# Keras's repository conftest.py (not in the sdist) skips the tests marked
+# ``multi_device`` unless the backend sees several devices; a backend's own
+# folder (keras/src/backend/<name>/) is tested with that backend only. The
+# bisection follows both rules, and runs the jax ``multi_device`` tests in a
+# second pass with 8 virtual CPU devices, as Keras's multi-device CI would.
+CONFTEST = """\
+# Written by keras_fork: Keras's test conventions (its repository conftest.py,
+# which the sdist lacks): torch imported before TensorFlow, the
+# requires_trainable_backend and multi_device markers, and multi_device tests
+# skipped unless the backend sees several devices.
+try:
+    import torch  # noqa: F401  (before TensorFlow, as Keras's conftest)
+except ImportError:
+    torch = None
+import pytest
+
+from keras.src.backend import backend
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires_trainable_backend: any")
+    config.addinivalue_line("markers", "multi_device: needs several devices")
+
+
+def pytest_collection_modifyitems(config, items):
+    several = False
+    if backend() == "jax":
+        import jax
+
+        several = jax.device_count() > 1
+    elif backend() == "torch" and torch is not None:
+        several = torch.cuda.device_count() > 1
+    skip = pytest.mark.skip(reason="needs several devices")
+    for item in items:
+        if "multi_device" in item.keywords and not several:
+            item.add_marker(skip)
+"""
+
+
+JAX_DEVICES = 8
+
+
+# pytest's exit code when it selects no test.
+NO_TESTS_COLLECTED = 5
+
+
+def backends_for(test_file: str, backends) -> list[str]:
+    """The backends that run ``test_file`` (a path in the Keras tree).
+
+    A file under ``keras/src/backend/<name>/`` with ``<name>`` one of
+    ``BACKENDS`` runs with that backend only (it tests that backend's
+    implementation); every other file runs with each of ``backends``.
+    """
+    parts = Path(test_file).parts
+    if parts[:3] == ("keras", "src", "backend") and parts[3] in BACKENDS:
+        return [b for b in backends if b == parts[3]]
+    return list(backends)
+
+
+def touched_test_files(patches: list[Path]) -> list[str]:
+    """Paths of the ``*_test.py`` files the patches change, in order."""
+    files = []
+    for patch in patches:
+        for path in re.findall(
+            r"^\+\+\+ b/(\S+_test\.py)$", patch.read_text(), flags=re.M
+        ):
+            if path not in files:
+                files.append(path)
+    return files
+
+
+def added_test_selection(patch: Path, test_files: list[str]) -> str:
+    """A pytest ``-k`` expression for the tests ``patch`` adds.
+
+    A touched file to which the patch adds no test function (it only edits
+    existing ones) is selected whole, by its module name.
+
+    Returns:
+        ``"test_a or test_b or loss_test"``-style text; "" when there are
+        no test files.
+    """
+    added = patchfile.parse_patch(patch).added_tests()
+    terms = []
+    for f in test_files:
+        names = [t.partition("::")[2] for t in added if t.startswith(f + "::")]
+        terms += names or [Path(f).stem]
+    return " or ".join(dict.fromkeys(terms))
+
+
+def test_root(tree: Path, files: list[str], work: Path) -> Path:
+    """Copies ``files`` (paths in ``tree``) into ``work``, a pytest root of
+    their own (an empty ``pytest.ini``, the bisect ``conftest.py``);
+    returns ``work``."""
+    work.mkdir()
+    for t in files:
+        shutil.copyfile(tree / t, work / Path(t).name)
+    (work / "pytest.ini").write_text("[pytest]\n")
+    (work / "conftest.py").write_text(CONFTEST)
+    return work
+
+
+def pytest_command(targets, select, rootdir=None) -> tuple[str, ...]:
+    """The pytest command line of one run of Keras's tests: the tests of
+    ``targets`` (files or folders) that ``select`` (pytest options such as
+    ``-k``, ``-m``) picks, with ``rootdir`` as pytest's root where given (a
+    folder of copied test files, ``test_root``), else the one pytest finds
+    (a Keras checkout, with its own conftest)."""
+    root = ("--rootdir", str(rootdir)) if rootdir else ()
+    return (
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *root,
+        *select,
+        *map(str, targets),
+    )
+
+
+def passes(backend: str, tree: Path, files: list[str]) -> list[tuple]:
+    """``(label, env, pytest selection)`` of each pytest pass of a backend:
+    one on one device, plus on jax a ``multi_device`` pass on
+    ``JAX_DEVICES`` virtual devices where a file has such tests (Keras's
+    conftest skips them on fewer than 4 devices)."""
+    topology_env = {
+        "KERAS_BACKEND": backend,
+        "CUDA_VISIBLE_DEVICES": "",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    passes = [(backend, topology_env, [])]
+    if backend == "jax" and any(
+        "multi_device" in (tree / t).read_text() for t in files
+    ):
+        flags = f"--xla_force_host_platform_device_count={JAX_DEVICES}"
+        passes.append(
+            (
+                f"{backend}, {JAX_DEVICES} devices",
+                dict(topology_env, XLA_FLAGS=flags),
+                ["-m", "multi_device"],
+            )
+        )
+    return passes
+
+
+def run_pytest(cmd, env, cwd, timeout) -> tuple[int | None, str]:
+    """Runs ``cmd`` in its own process group, killed after ``timeout`` s.
+
+    Returns:
+        ``(exit code or None on timeout, pytest's last output line)``.
+    """
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None, f"timed out after {timeout:.0f}s (killed)"
+        finally:
+            # Whatever the run left behind (e.g. multi-worker test workers).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        out.seek(0)
+        text = out.read().strip().splitlines()
+    return code, (text or ["(no output)"])[-1]
