@@ -15,6 +15,7 @@ from integration_tests.harness import devices
 from integration_tests.harness import junit
 from integration_tests.harness import selection
 from integration_tests.harness import topologies
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.proof import fixes
 from keras_fork.proof import groups
@@ -405,7 +406,7 @@ def test_variant_install_runs_pip_once_into_a_fresh_folder(
         (target / "keras").mkdir()
         return SimpleNamespace(returncode=0, stderr="")
 
-    monkeypatch.setattr(variants.subprocess, "run", fake_pip)
+    monkeypatch.setattr(process.subprocess, "run", fake_pip)
     dest = tmp_path / "3.15.1" / "fork"
     (dest / "stale").mkdir(parents=True)  # an older install, replaced
     assert variants.pip_install_target(dest, ["k.whl"], "d2", "fork") == dest

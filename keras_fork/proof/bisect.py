@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait
 from pathlib import Path
 
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.proof import kerastests
 from keras_fork.proof import variants
@@ -291,22 +292,9 @@ def _compiles(tree: Path, patch: Path) -> None:
 
 def _install(whl: Path, target: Path) -> None:
     """``pip install --no-deps --target`` of a prefix's wheel."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--target",
-            str(target),
-            str(whl),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    proc = process.pip_install([whl], target)
+    if proc.returncode != 0:
+        raise ForkError(f"installing {whl.name} failed:\n{proc.stderr[-2000:]}")
 
 
 def run_prefix_tests(run: PrefixRun, timeout=PREFIX_TIMEOUT):

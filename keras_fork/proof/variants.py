@@ -16,14 +16,13 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import filelock
 
 from integration_tests.harness import topologies
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
@@ -373,23 +372,7 @@ def _stamp_matches(stamp: Path, digest: str) -> bool:
 def _install_into(dest: Path, sources: list[str], digest: str, what: str):
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
     try:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-deps",
-                "--no-build-isolation",
-                "--disable-pip-version-check",
-                "--target",
-                str(tmp),
-                *sources,
-            ],
-            capture_output=True,
-            text=True,
-        )
+        proc = process.pip_install(sources, tmp)
         if proc.returncode != 0:
             raise ForkError(f"installing {what} failed:\n{proc.stderr[-2000:]}")
         (tmp / STAMP).write_text(digest)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import zlib
 from pathlib import Path
 
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
@@ -86,21 +85,7 @@ def _check(base: Base, path: Path, origin: str) -> None:
 
 
 def _pip_download(base: Base, dest: Path) -> Path:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "--no-build-isolation",
-        "--disable-pip-version-check",
-        "-d",
-        str(dest),
-        base.requirement,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = process.pip_download_sdist(base.requirement, dest)
     found = dest / base.sdist_name
     if proc.returncode != 0 or not found.is_file():
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])

@@ -19,11 +19,11 @@ conflict is news, not a failure).
 from __future__ import annotations
 
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
@@ -83,25 +83,7 @@ def download_nightly(cache: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.tar.gz"):
         old.unlink()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            "--no-build-isolation",
-            "--disable-pip-version-check",
-            "-d",
-            str(dest),
-            "keras-nightly",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    proc = process.pip_download_sdist("keras-nightly", dest)
     found = sorted(dest.glob("*.tar.gz"))
     if proc.returncode != 0 or not found:
         raise ForkError(f"could not download keras-nightly:\n{proc.stderr}")
