@@ -139,13 +139,17 @@ def test_a_pass_that_selects_no_test_does_not_fail_the_pr(monkeypatch):
     added tests are not ``multi_device`` selects none of them: pytest
     exits 5 there, which says nothing about the PR."""
     passes = [("jax", {}, []), ("jax, 8 devices", {}, ["-m", "x"])]
-    monkeypatch.setattr(prcheck.bisect, "_passes", lambda *a: passes)
+    monkeypatch.setattr(prcheck.kerastests, "passes", lambda *a: passes)
     monkeypatch.setattr(
-        prcheck.bisect, "touched_test_files", lambda p: ["k/a_test.py"]
+        prcheck.kerastests, "touched_test_files", lambda p: ["k/a_test.py"]
     )
-    monkeypatch.setattr(prcheck.bisect, "added_test_selection", lambda *a: "t")
+    monkeypatch.setattr(
+        prcheck.kerastests, "added_test_selection", lambda *a: "t"
+    )
     outcomes = iter([(0, "1 passed in 1s"), (5, "1 deselected in 0s")])
-    monkeypatch.setattr(prcheck.bisect, "_pytest", lambda *a: next(outcomes))
+    monkeypatch.setattr(
+        prcheck.kerastests, "run_pytest", lambda *a: next(outcomes)
+    )
     out = prcheck.run_tests(Path("."), Path("p.patch"), ("jax",))
     assert out["jax"] == "pass"
     outcomes = iter([(5, "1 deselected"), (5, "1 deselected")])
