@@ -1,4 +1,4 @@
-"""The pip runs of the tool: one argument list for each kind.
+"""The pip runs of the tool, all with one set of options.
 
 Every pip run uses this interpreter's pip (``python -m pip``), quietly,
 without its version check, installs or downloads no dependency, and
@@ -12,12 +12,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-_PIP = (
-    sys.executable,
-    "-m",
-    "pip",
+_PIP = (sys.executable, "-m", "pip")
+# Every run: quiet, no version check, no dependency, no isolated build.
+_OPTIONS = (
+    "-q",
+    "--disable-pip-version-check",
+    "--no-deps",
+    "--no-build-isolation",
 )
-_OPTIONS = ("-q", "--disable-pip-version-check", "--no-deps")
+
+
+def _pip(command: str, *args: str):
+    return subprocess.run(
+        [*_PIP, command, *_OPTIONS, *args], capture_output=True, text=True
+    )
 
 
 def pip_download_sdist(requirement: str, dest: Path):
@@ -27,20 +35,8 @@ def pip_download_sdist(requirement: str, dest: Path):
         The ``subprocess.CompletedProcess``, its output captured as text,
         whatever its exit status: the caller says what failed.
     """
-    return subprocess.run(
-        [
-            *_PIP,
-            "download",
-            *_OPTIONS,
-            "--no-binary",
-            ":all:",
-            "--no-build-isolation",
-            "-d",
-            str(dest),
-            requirement,
-        ],
-        capture_output=True,
-        text=True,
+    return _pip(
+        "download", "--no-binary", ":all:", "-d", str(dest), requirement
     )
 
 
@@ -53,16 +49,4 @@ def pip_install(sources: list, target: Path):
         The ``subprocess.CompletedProcess``, its output captured as text,
         whatever its exit status: the caller says what failed.
     """
-    return subprocess.run(
-        [
-            *_PIP,
-            "install",
-            *_OPTIONS,
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            *map(str, sources),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    return _pip("install", "--target", str(target), *map(str, sources))

@@ -200,19 +200,11 @@ def rewrite(tree: Path, commit: str, patches: list[Path]) -> dict[Path, str]:
 
 def add_arguments(p) -> None:
     p.add_argument("--base", required=True, help="a base without test files")
-    p.add_argument(
-        "--upstream-repo",
-        required=True,
-        type=Path,
-        help="a Keras git clone (not bare)",
-    )
-    p.add_argument("--rev", default="master", help="revision (default master)")
-    p.add_argument(
-        "--source",
-        choices=checkout.SOURCES,
-        default="base",
-        help="the checkout's source as it is, or the base's over it "
-        "(default: base)",
+    checkout.add_arguments(
+        p,
+        "a Keras git clone (not bare)",
+        "base",
+        "the checkout's source as it is, or the base's over it (default: base)",
     )
 
 

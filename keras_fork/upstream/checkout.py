@@ -31,6 +31,18 @@ IDENTITY = (
 )
 
 
+def add_arguments(p, repo_help: str, source: str, source_help: str) -> None:
+    """Registers a verb's options for a Keras checkout: ``--upstream-repo``
+    (a git clone, not bare; ``repo_help`` says what for), ``--rev`` (default
+    ``master``) and ``--source`` (one of ``SOURCES``, default ``source``,
+    ``source_help`` its help)."""
+    p.add_argument("--upstream-repo", required=True, type=Path, help=repo_help)
+    p.add_argument("--rev", default="master", help="revision (default master)")
+    p.add_argument(
+        "--source", choices=SOURCES, default=source, help=source_help
+    )
+
+
 def git(repo: Path, *args: str, input: str | None = None):
     """``git -C repo args`` (``input`` on its stdin), output captured,
     never raising; the ``subprocess.CompletedProcess``."""

@@ -252,19 +252,12 @@ def lint(worktree: Path, commit: str) -> list[str]:
 
 def add_arguments(p) -> None:
     p.add_argument("--base", required=True, help="the series, e.g. a nightly")
-    p.add_argument(
-        "--upstream-repo",
-        required=True,
-        type=Path,
-        help="a Keras git clone (not bare) to apply each PR to",
-    )
-    p.add_argument("--rev", default="master", help="revision (default master)")
-    p.add_argument(
-        "--source",
-        choices=checkout.SOURCES,
-        default="checkout",
-        help="base: the base's sdist source over the checkout, its test "
-        "files kept (a checkout older than a nightly base)",
+    checkout.add_arguments(
+        p,
+        "a Keras git clone (not bare) to apply each PR to",
+        "checkout",
+        "base: the base's sdist source over the checkout, its test files "
+        "kept (a checkout older than a nightly base)",
     )
     p.add_argument(
         "--backend", action="append", choices=BACKENDS, help="repeatable"
