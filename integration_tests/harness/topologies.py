@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import os
 
+# The Keras backends, in the order every table lists them.
+BACKENDS = ("jax", "tensorflow", "torch")
+
 # (backend, topology) -> (replicas on CPU, description)
 TOPOLOGIES = {
     ("jax", "1"): (1, "one device"),

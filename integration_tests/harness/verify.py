@@ -56,7 +56,7 @@ from . import topologies
 from .junit import read_junit
 
 STATUSES = ("fixed", "broken", "n/a")
-BACKENDS = ("jax", "tensorflow", "torch")
+BACKENDS = topologies.BACKENDS
 PACKAGE = Path(__file__).resolve().parent.parent
 FIXES = PACKAGE / "fixes"
 # Seconds a run may go without progress beyond the per-test timeout

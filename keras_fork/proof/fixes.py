@@ -27,7 +27,7 @@ EXPECTS = ("proven", "guard")
 # file the patches touch (all must pass). Their cells keep the key
 # ``<backend>/unit`` in fix.toml and proof.json (a stable contract).
 UNIT = "unit"
-BACKENDS = ("jax", "tensorflow", "torch")
+BACKENDS = topologies.BACKENDS
 
 
 def cell_keys() -> set[str]:

@@ -24,9 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from integration_tests.harness import topologies
 from keras_fork.recipe import patchfile
 
-BACKENDS = ("jax", "tensorflow", "torch")
+BACKENDS = topologies.BACKENDS
 
 
 # Keras's repository conftest.py (not in the sdist) skips the tests marked

@@ -29,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from integration_tests.harness import topologies
 from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
 from keras_fork.outputs import write_atomic
@@ -37,7 +38,7 @@ from keras_fork.recipe import pins
 from keras_fork.recipe import submission
 from keras_fork.upstream import checkout
 
-BACKENDS = ("jax", "tensorflow", "torch")
+BACKENDS = topologies.BACKENDS
 # pytest's exit status when the selection leaves no test to run
 # (https://docs.pytest.org/en/stable/reference/exit-codes.html): a pass
 # that selects none of the PR's tests says nothing about the PR.

@@ -35,6 +35,7 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from integration_tests.harness import topologies
 from integration_tests.harness.junit import read_junit
 from integration_tests.harness.run import run_bounded
 from keras_fork import outputs
@@ -45,7 +46,7 @@ from keras_fork.proof import variants
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
 
-BACKENDS = ("jax", "tensorflow", "torch")
+BACKENDS = topologies.BACKENDS
 SIDES = ("stock", "fork")
 JAX_DEVICES = 8
 # Issue 22's default tier, beside the files the series touches.
