@@ -38,8 +38,6 @@ class CallCounter:
 
 
 _HLO_INSTRUCTION = re.compile(r"^\s+(ROOT )?%?[\w.-]+ = ")
-
-
 _HLO_LOCATION = re.compile(r", (metadata=\{[^}]*\}|stack_frame_id=\d+)")
 
 
@@ -91,8 +89,6 @@ def hlo_collectives(lines):
 _TF_STEP_GRAPHS = re.compile(
     r"^(one_step_on_data|one_step_on_iterator|multi_step)"
 )
-
-
 _TF_CONTROL_FLOW = re.compile(r"^(while|cond|body|true|false)", re.IGNORECASE)
 
 

@@ -133,8 +133,6 @@ WORK_WORKLOADS = (
     "dp_fit_step",
     "jax_procs_fit_step",
 )
-
-
 WORK_EPOCHS = 4
 
 

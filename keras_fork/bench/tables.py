@@ -12,21 +12,11 @@ import platform
 from keras_fork.bench import suite
 
 DOCS_BEGIN = "<!-- bench-table:begin -->"
-
-
 DOCS_END = "<!-- bench-table:end -->"
-
-
 WORK_BEGIN = "<!-- bench-work:begin -->"
-
-
 WORK_END = "<!-- bench-work:end -->"
-
-
 # docs/upstream.md's collectives per step of each master PR alone.
 ALONE_BEGIN = "<!-- bench-alone:begin -->"
-
-
 ALONE_END = "<!-- bench-alone:end -->"
 
 

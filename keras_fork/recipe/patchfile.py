@@ -21,11 +21,7 @@ from keras_fork.errors import ForkError
 # Trailers that describe the patch for the fork only (DEP-3 style); they are
 # removed from the PR series.
 FORK_TRAILERS = ("Fork-Fix", "Bug", "Forwarded", "Applied-Upstream")
-
-
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
-
-
 _FIXES = re.compile(r"^(Fixes|Refs) (keras-team/[\w.-]+#\d+)\s*$", re.M)
 
 
