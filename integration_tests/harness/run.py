@@ -11,6 +11,7 @@ reading of the JUnit file it writes (``junit.read_junit``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -92,7 +93,9 @@ def run_bounded(
 
     Returns:
         The exit status, or None when it ran past ``limit``: its whole
-        process group is then killed (SIGKILL) and reaped.
+        process group is then killed (SIGKILL) and reaped. Whatever the
+        run leaves behind in its group (e.g. a test's worker processes) is
+        killed when it ends either way.
     """
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -103,18 +106,28 @@ def run_bounded(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        last, size = time.monotonic(), _size(progress)
-        while True:
-            try:
-                return proc.wait(timeout=min(1.0, limit))
-            except subprocess.TimeoutExpired:
-                now = time.monotonic()
-                if progress is not None and _size(progress) != size:
-                    last, size = now, _size(progress)
-                if now - last > limit:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    return None
+        try:
+            return _wait(proc, limit, progress)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait(proc, limit: float, progress: Path | None) -> int | None:
+    """``proc``'s exit status, or None once it went ``limit`` seconds
+    without ending (or without ``progress`` growing); then reaped."""
+    last, size = time.monotonic(), _size(progress)
+    while True:
+        try:
+            return proc.wait(timeout=min(1.0, limit))
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if progress is not None and _size(progress) != size:
+                last, size = now, _size(progress)
+            if now - last > limit:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None
 
 
 def _size(path: Path | None) -> int:

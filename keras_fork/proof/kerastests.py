@@ -14,16 +14,13 @@ conftest.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from integration_tests.harness import run
 from integration_tests.harness import topologies
 from keras_fork.recipe import patchfile
 
@@ -70,8 +67,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 JAX_DEVICES = 8
-
-
 # pytest's exit code when it selects no test.
 NO_TESTS_COLLECTED = 5
 
@@ -177,31 +172,16 @@ def passes(backend: str, tree: Path, files: list[str]) -> list[tuple]:
 
 
 def run_pytest(cmd, env, cwd, timeout) -> tuple[int | None, str]:
-    """Runs ``cmd`` in its own process group, killed after ``timeout`` s.
+    """Runs ``cmd`` in its own process group, killed after ``timeout`` s
+    (``run.run_bounded``).
 
     Returns:
         ``(exit code or None on timeout, pytest's last output line)``.
     """
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with tempfile.TemporaryDirectory(prefix="keras-tests-") as tmp:
+        log = Path(tmp) / "pytest.log"
+        code = run.run_bounded(cmd, cwd, env, log, timeout)
+        if code is None:
             return None, f"timed out after {timeout:.0f}s (killed)"
-        finally:
-            # Whatever the run left behind (e.g. multi-worker test workers).
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        out.seek(0)
-        text = out.read().strip().splitlines()
+        text = log.read_text().strip().splitlines()
     return code, (text or ["(no output)"])[-1]
