@@ -70,6 +70,13 @@ def test_prefix_runs_select_the_tests_the_patch_adds(tmp_path):
     assert kerastests.added_test_selection(patch, files) == (
         "test_empty_batch or test_empty_batch_sum or layer_test"
     )
+    # The same tests by exact name, for the conftest of the copied files:
+    # test_empty_batch does not select test_empty_batch_sum's cases by
+    # itself, and layer_test.py is not in the files it keeps added tests of.
+    assert kerastests.added_tests_env(patch, files) == {
+        "PROOF_UNIT_TESTS": '["test_empty_batch", "test_empty_batch_sum"]',
+        "PROOF_UNIT_ADDED_ONLY": '["loss_test.py"]',
+    }
 
 
 def _fake_bases(monkeypatch, runs_of, outcome):

@@ -245,8 +245,11 @@ def test_child_env_puts_keras_first_and_drops_cell_settings(
         str(overlay),
         str(pins.REPO_ROOT),
     ]
-    bare = variants.child_env(keras_dir, with_repo=False)
-    assert bare["PYTHONPATH"] == str(keras_dir)
+    bare = variants.child_env(keras_dir)
+    assert bare["PYTHONPATH"].split(os.pathsep) == [
+        str(keras_dir),
+        str(pins.REPO_ROOT),
+    ]
 
 
 def test_read_junit_in_one_pass(tmp_path):
@@ -296,10 +299,10 @@ def test_child_env_matches_what_bisect_and_bench_built_before(
         "CUDA_VISIBLE_DEVICES": "",
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
-    before = dict(os.environ, PYTHONPATH=str(target), **cpu)
+    paths = os.pathsep.join([str(target), str(pins.REPO_ROOT)])
+    before = dict(os.environ, PYTHONPATH=paths, **cpu)
     del before["XLA_FLAGS"], before["PROOF_FIX"]
-    bare = variants.child_env(target, topology_env=cpu, with_repo=False)
-    assert bare == before
+    assert variants.child_env(target, topology_env=cpu) == before
     topo = topologies.env_for("jax", "8", "cpu")
     before = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
     del before["XLA_FLAGS"]
@@ -573,40 +576,40 @@ def test_only_the_one_device_topology_skips_its_one_device_comparisons():
         devices.skip_comparison_on_one_device(topology)  # no skip
 
 
-def test_a_multi_process_run_holds_every_slot():
-    slots = runner.Slots(2)
-    with slots.hold(1):
-        assert slots.free == 1 and slots.can_take(1)
-        assert not slots.can_take(2)
-    with slots.hold(2):
-        assert slots.free == 0 and not slots.can_take(1)
-    assert slots.free == 2
-    # While a multi-process run waits, no single-process run may start in
-    # the slot that frees: it gets every slot once the running ones end.
-    slots.waiting_whole = 1
-    assert not slots.can_take(1) and slots.can_take(2)
+def _runs(*kinds):
+    # Stand-ins for groups.Group: runs_to_start reads multi_process only.
+    return [
+        SimpleNamespace(name=f"{kind}{i}", multi_process=kind == "m")
+        for i, kind in enumerate(kinds)
+    ]
 
 
-def test_a_waiting_multi_process_run_starts_before_later_ones():
-    slots = runner.Slots(2)
-    started = []
-    first = slots.hold(1)
-    first.__enter__()
+def _names(runs):
+    return [r.name for r in runs]
 
-    def take(k, name):
-        with slots.hold(k):
-            started.append(name)
 
-    whole = threading.Thread(target=take, args=(2, "whole"))
-    whole.start()
-    with slots._cv:  # bounded: the thread registers within 10 s
-        assert slots._cv.wait_for(lambda: slots.waiting_whole, timeout=10)
-    single = threading.Thread(target=take, args=(1, "single"))
-    single.start()
-    first.__exit__(None, None, None)
-    whole.join(10)
-    single.join(10)
-    assert started == ["whole", "single"]
+def test_a_multi_process_run_shares_the_cpu_with_one_single_process_run():
+    assert runner.multi_process_slots(2, "cpu") == 1
+    assert runner.multi_process_slots(8, "cpu") == 7
+    m0, m1, s2, s3 = queue = _runs("m", "m", "s", "s")
+    # Nothing running: the first multi-process run and, beside it, the
+    # first single-process run; the second multi-process run waits.
+    assert _names(runner.runs_to_start(queue, [], 2, 1)) == ["m0", "s2"]
+    # One multi-process run at a time, whatever the free slots.
+    assert _names(runner.runs_to_start([m1, s3], [m0], 2, 1)) == ["s3"]
+    assert _names(runner.runs_to_start([m1, s3], [s2], 2, 1)) == ["m1"]
+    assert runner.runs_to_start([m1, s3], [m0, s2], 2, 1) == []
+
+
+def test_on_gpus_a_multi_process_run_holds_every_slot_and_is_not_starved():
+    assert runner.multi_process_slots(2, "gpu") == 2
+    s0, m1, s2 = _runs("s", "m", "s")
+    assert _names(runner.runs_to_start([s0, m1, s2], [], 2, 2)) == ["s0"]
+    # While a multi-process run waits for every slot, the runs queued
+    # after it wait too: the running ones drain, then it starts alone.
+    assert runner.runs_to_start([m1, s2], [s0], 2, 2) == []
+    assert _names(runner.runs_to_start([m1, s2], [], 2, 2)) == ["m1"]
+    assert runner.runs_to_start([s2], [m1], 2, 2) == []
 
 
 def test_added_tests_select_their_parameterized_cases_not_substrings():

@@ -95,12 +95,13 @@ def test_another_backends_folder_is_left_out_and_unknown_modules_refused(
         r._tests_under(tree, "keras/src/nowhere")
 
 
-def test_layout_keeps_paths_conftest_and_upstreams_warning_filters(tmp_path):
+def test_layout_keeps_paths_and_upstreams_warning_filters(tmp_path):
     tree, _ = _tree(tmp_path)
     work = tmp_path / "work"
     r.lay_out_tests(tree, ["keras/src/losses/loss_test.py"], work)
     assert (work / "keras/src/losses/loss_test.py").is_file()
-    assert "import torch" in (work / "conftest.py").read_text()
+    # Keras's conftest rules come from the plugin the run loads.
+    assert not (work / "conftest.py").exists()
     ini = (work / "pytest.ini").read_text()
     assert "filterwarnings =\n    error\n    ignore::DeprecationWarning" in ini
 

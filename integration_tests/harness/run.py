@@ -30,12 +30,16 @@ def fix_folder(fixes: Path, fix: str) -> Path:
     return fixes / fix.replace("-", "_")
 
 
-def pytest_command(paths, junit: Path, timeout: float) -> list[str]:
+def pytest_command(
+    paths, junit: Path, timeout: float, plugins=(), rootdir=None, extra=()
+) -> list[str]:
     """The command line of one run: this interpreter's pytest on ``paths``
     (folders or files), quiet, with the progress plugin
-    (``harness.progress``), the reasons of failures and errors, an xunit1
-    JUnit file at ``junit`` (``junit.read_junit`` reads it), no cache
-    folder, and ``timeout`` seconds a test (pytest-timeout).
+    (``harness.progress``) and ``plugins`` (module names), the reasons of
+    failures and errors, an xunit1 JUnit file at ``junit``
+    (``junit.read_junit`` reads it), no cache folder, ``timeout`` seconds a
+    test (pytest-timeout), ``rootdir`` as pytest's root where given, and
+    ``extra`` options.
     """
     return [
         sys.executable,
@@ -46,11 +50,14 @@ def pytest_command(paths, junit: Path, timeout: float) -> list[str]:
         "-q",
         "-p",
         progress_plugin.__name__,
+        *[arg for name in plugins for arg in ("-p", name)],
         "-rfE",
         f"--junitxml={junit}",
         "-o",
         "junit_family=xunit1",
         f"--timeout={int(timeout)}",
+        *(("--rootdir", str(rootdir)) if rootdir else ()),
+        *extra,
         *[str(p) for p in paths],
     ]
 

@@ -13,6 +13,7 @@ tests can use it with fake fixes.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -21,6 +22,23 @@ from .markers import NOT_ON_BASE
 
 ROLES = ("proof", "guard")
 ENV = "PROOF_FIX"
+
+# The pytest plugin of every run of Keras's own test files from an sdist
+# (its docstring says what it does); by name, since importing it imports
+# torch.
+KERAS_TESTS_PLUGIN = __name__.rpartition(".")[0] + ".keras_tests"
+ADDED_TESTS_ENV = "PROOF_UNIT_TESTS"
+ADDED_ONLY_ENV = "PROOF_UNIT_ADDED_ONLY"
+
+
+def added_tests_env(names, only_in=None) -> dict[str, str]:
+    """The environment with which ``KERAS_TESTS_PLUGIN`` keeps only the tests
+    ``names`` (test function names; ``is_added_test``): in every file, or
+    in the files named ``only_in`` (file names) only, the others whole."""
+    env = {ADDED_TESTS_ENV: json.dumps(sorted(names))}
+    if only_in is not None:
+        env[ADDED_ONLY_ENV] = json.dumps(sorted(only_in))
+    return env
 
 
 def fix_of(item) -> str | None:

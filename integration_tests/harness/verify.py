@@ -51,6 +51,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from . import catalog
+from . import options
 from . import run
 from . import topologies
 from .junit import read_junit
@@ -409,24 +410,14 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``verify`` (also ``python -m keras_fork verify``)."""
-    for name in ("fix", "backend", "topology"):
-        p.add_argument(
-            f"--{name}",
-            action="append",
-            help=f"only this {name} (repeatable; an unknown one is named, "
-            "with the valid ones)",
-        )
+    options.add_cell_filters(p)
     p.add_argument(
         "--base",
         help="read the cells of this base instead of the one that matches "
         "the installed keras version",
     )
-    p.add_argument(
-        "--accelerator",
-        choices=("auto", "cpu", "gpu"),
-        default="auto",
-        help="where the tests run (default auto: the GPUs where "
-        "nvidia-smi lists any, else the CPU)",
+    options.add_accelerator(
+        p, "the tests", "the GPUs where nvidia-smi lists any"
     )
     p.add_argument(
         "--jobs",
@@ -435,12 +426,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="single-process runs at the same time (default: 1 on GPUs, "
         "else 2 on 2 or more cores)",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=600,
-        help="seconds a test may take (default 600)",
-    )
+    options.add_timeout(p)
     p.add_argument(
         "--out",
         type=Path,

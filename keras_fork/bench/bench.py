@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+from integration_tests.harness import options
 from keras_fork.bench import counts
 from keras_fork.bench import lockstep
 from keras_fork.bench import suite
@@ -48,12 +49,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--topology", action="append", help="only this topology (e.g. 1)"
     )
-    p.add_argument(
-        "--accelerator",
-        choices=("auto", "cpu", "gpu"),
-        default="auto",
-        help="where the steps run (default auto: the GPUs where torch or "
-        "jax sees one, else the CPU)",
+    options.add_accelerator(
+        p, "the steps", "the GPUs where torch or jax sees one"
     )
     p.add_argument(
         "--docs",

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait
 from pathlib import Path
 
+from keras_fork import options
 from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.proof import kerastests
@@ -168,7 +169,7 @@ def prepare_prefix(
 
     Args:
         whole_files: run every test of patch k's test files; by default
-            only the tests patch k adds (``added_test_selection``), as CI
+            only the tests patch k adds (``kerastests.added_tests_env``), as CI
             does: the whole files run on the full series in the proof
             matrix's unit cells.
         source: the series tree whose commit ``k`` is this prefix.
@@ -226,18 +227,16 @@ def _backend_runs(
         return []
     work = kerastests.test_root(tree, mine, tmp / f"tests-{backend}")
     runs = []
+    added = {} if whole_files else kerastests.added_tests_env(patch, mine)
     for label, topo_env, select in kerastests.passes(backend, tree, mine):
         env = variants.child_env(
             tmp / "site",
-            topology_env={**variants.compile_cache_env(layout), **topo_env},
-            with_repo=False,
+            topology_env={
+                **variants.compile_cache_env(layout),
+                **topo_env,
+                **added,
+            },
         )
-        if not whole_files:
-            select = [
-                *select,
-                "-k",
-                kerastests.added_test_selection(patch, mine),
-            ]
         runs.append(
             PrefixRun(
                 k,
@@ -307,9 +306,7 @@ def run_prefix_tests(run: PrefixRun, timeout=PREFIX_TIMEOUT):
 
 def add_arguments(p) -> None:
     """The ``bisect`` verb's options."""
-    p.add_argument(
-        "--base", action="append", help="only this base (repeatable)"
-    )
+    options.add_bases(p)
     p.add_argument(
         "--backend",
         action="append",

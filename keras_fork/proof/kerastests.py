@@ -1,15 +1,16 @@
 """Keras's own unit tests, run the way Keras runs them, outside its repository.
 
 The sdist has Keras's test files but not its repository's ``conftest.py``
-(``CONFTEST`` writes its rules); a backend's own folder
-(``keras/src/backend/<name>/``) is tested with that backend only
-(``backends_for``); the tests a patch adds are picked by name
-(``added_test_selection``); each backend runs one pass on one device, and
-JAX a second, ``multi_device`` pass on ``JAX_DEVICES`` virtual devices
-(``passes``). ``run_pytest`` runs one pass in its own process group, killed
-after its timeout. Used by the bisection (``bisect``) and ``pr-check``
-(``keras_fork.upstream.prcheck``); ``regressions`` writes the same
-conftest.
+(``selection.KERAS_TESTS_PLUGIN`` follows its rules: ``pytest_command``
+loads it); a backend's own folder (``keras/src/backend/<name>/``)
+is tested with that backend only (``backends_for``); the tests a patch adds
+are picked by exact name (``added_tests_env``; in a Keras checkout, whose
+own conftest runs instead, by ``-k``: ``added_test_selection``); each
+backend runs one pass on one device, and JAX a second, ``multi_device``
+pass on ``JAX_DEVICES`` virtual devices (``passes``). ``run_pytest`` runs
+one pass in its own process group, killed after its timeout. Used by the
+bisection (``bisect``) and ``pr-check`` (``keras_fork.upstream.prcheck``);
+the proof matrix's unit cells and ``regressions`` use the same conftest.
 """
 
 from __future__ import annotations
@@ -21,49 +22,11 @@ import tempfile
 from pathlib import Path
 
 from integration_tests.harness import run
+from integration_tests.harness import selection
 from integration_tests.harness import topologies
 from keras_fork.recipe import patchfile
 
 BACKENDS = topologies.BACKENDS
-
-
-# Keras's repository conftest.py (not in the sdist) skips the tests marked
-# ``multi_device`` unless the backend sees several devices; a backend's own
-# folder (keras/src/backend/<name>/) is tested with that backend only. The
-# bisection follows both rules, and runs the jax ``multi_device`` tests in a
-# second pass with 8 virtual CPU devices, as Keras's multi-device CI would.
-CONFTEST = """\
-# Written by keras_fork: Keras's test conventions (its repository conftest.py,
-# which the sdist lacks): torch imported before TensorFlow, the
-# requires_trainable_backend and multi_device markers, and multi_device tests
-# skipped unless the backend sees several devices.
-try:
-    import torch  # noqa: F401  (before TensorFlow, as Keras's conftest)
-except ImportError:
-    torch = None
-import pytest
-
-from keras.src.backend import backend
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "requires_trainable_backend: any")
-    config.addinivalue_line("markers", "multi_device: needs several devices")
-
-
-def pytest_collection_modifyitems(config, items):
-    several = False
-    if backend() == "jax":
-        import jax
-
-        several = jax.device_count() > 1
-    elif backend() == "torch" and torch is not None:
-        several = torch.cuda.device_count() > 1
-    skip = pytest.mark.skip(reason="needs several devices")
-    for item in items:
-        if "multi_device" in item.keywords and not several:
-            item.add_marker(skip)
-"""
 
 
 JAX_DEVICES = 8
@@ -96,8 +59,25 @@ def touched_test_files(patches: list[Path]) -> list[str]:
     return files
 
 
+def added_tests_env(patch: Path, test_files: list[str]) -> dict[str, str]:
+    """The environment with which ``selection.KERAS_TESTS_PLUGIN`` keeps the
+    tests ``patch`` adds, by exact name, of the ``test_files`` it adds
+    tests to; a touched file to which it adds none (it only edits existing
+    ones) runs whole."""
+    added = patchfile.parse_patch(patch).added_tests()
+    names, files = set(), set()
+    for t in added:
+        path, _, name = t.partition("::")
+        if path in test_files:
+            names.add(name)
+            files.add(Path(path).name)
+    return selection.added_tests_env(names, files)
+
+
 def added_test_selection(patch: Path, test_files: list[str]) -> str:
-    """A pytest ``-k`` expression for the tests ``patch`` adds.
+    """A pytest ``-k`` expression for the tests ``patch`` adds, for a run
+    in a Keras checkout, whose own ``conftest.py`` runs instead of
+    ``selection.KERAS_TESTS_PLUGIN`` (``pr-check``).
 
     A touched file to which the patch adds no test function (it only edits
     existing ones) is selected whole, by its module name.
@@ -116,13 +96,11 @@ def added_test_selection(patch: Path, test_files: list[str]) -> str:
 
 def test_root(tree: Path, files: list[str], work: Path) -> Path:
     """Copies ``files`` (paths in ``tree``) into ``work``, a pytest root of
-    their own (an empty ``pytest.ini``, the bisect ``conftest.py``);
-    returns ``work``."""
+    their own (an empty ``pytest.ini``); returns ``work``."""
     work.mkdir()
     for t in files:
         shutil.copyfile(tree / t, work / Path(t).name)
     (work / "pytest.ini").write_text("[pytest]\n")
-    (work / "conftest.py").write_text(CONFTEST)
     return work
 
 
@@ -130,9 +108,12 @@ def pytest_command(targets, select, rootdir=None) -> tuple[str, ...]:
     """The pytest command line of one run of Keras's tests: the tests of
     ``targets`` (files or folders) that ``select`` (pytest options such as
     ``-k``, ``-m``) picks, with ``rootdir`` as pytest's root where given (a
-    folder of copied test files, ``test_root``), else the one pytest finds
-    (a Keras checkout, with its own conftest)."""
-    root = ("--rootdir", str(rootdir)) if rootdir else ()
+    folder of copied test files, ``test_root``, run with
+    ``selection.KERAS_TESTS_PLUGIN``), else the one pytest finds (a Keras
+    checkout, with its own conftest)."""
+    root = ()
+    if rootdir:
+        root = ("-p", selection.KERAS_TESTS_PLUGIN, "--rootdir", str(rootdir))
     return (
         sys.executable,
         "-m",

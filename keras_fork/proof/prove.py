@@ -33,6 +33,7 @@ from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait
 
+from integration_tests.harness import options
 from integration_tests.harness import topologies
 from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
@@ -108,11 +109,17 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
     }
     jobs = getattr(args, "jobs", None) or runner.default_jobs(accelerator)
     todo = groups_lib.plan_groups(cells, units, args.variant or list(VARIANTS))
-    # Longest first; multi-process runs last: each waits for every slot,
-    # so among single-process runs it would leave a slot idle while the
-    # others drain.
+    # Longest first. On the CPU the multi-process runs go first: one at a
+    # time, each beside single-process runs (runner.multi_process_slots),
+    # the longest of which go first too. On GPUs, where each takes every
+    # slot, they go last: waiting for every slot among single-process runs
+    # would leave a slot idle while the others drain.
+    sharing = runner.multi_process_slots(2, accelerator) < 2
     todo.sort(
-        key=lambda g: (g.multi_process, -groups_lib.estimate(g, previous))
+        key=lambda g: (
+            g.multi_process != sharing,
+            -groups_lib.estimate(g, previous),
+        )
     )
     return Plan(
         cells, accelerator, bases, installed, overlays, units, todo, jobs
@@ -209,46 +216,43 @@ def resolve(group, run: dict) -> tuple[dict, list]:
 
 
 def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
-    """Runs ``p.groups`` ``p.jobs`` at a time, filling ``rows``' variant
-    outcomes, and a cell again on its own where its group's run could not
-    run its tests. Returns every run's summary (``_summary``).
-    Interrupted, it cancels the runs that have not started."""
+    """Runs ``p.groups`` in their order, as many at a time as
+    ``runner.runs_to_start`` lets ``p.jobs`` slots hold, filling ``rows``'
+    variant outcomes, and a cell again on its own (next) where its group's
+    run could not run its tests. Returns every run's summary
+    (``_summary``). Interrupted, it starts no other run."""
     from rich.progress import Progress
 
-    slots = runner.Slots(p.jobs)
     junit_dir = layout.dist / "proof" / "junit"
+    multi_slots = runner.multi_process_slots(p.jobs, p.accelerator)
 
     def run(group):
-        with slots.hold(p.jobs if group.multi_process else 1):
-            return runner.run_group(
-                group,
-                _where(p, group, layout),
-                junit_dir / f"{group.slug}.xml",
-                args.timeout,
-            )
+        return runner.run_group(
+            group,
+            _where(p, group, layout),
+            junit_dir / f"{group.slug}.xml",
+            args.timeout,
+        )
 
-    summaries = []
+    summaries, queue, running = [], list(p.groups), {}
     with (
         Progress(console=console, transient=False) as progress,
         ThreadPoolExecutor(p.jobs) as pool,
     ):
         task = progress.add_task("proof matrix", total=len(p.groups))
-        pending = {pool.submit(run, g): g for g in p.groups}
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    group, result = pending.pop(future), future.result()
-                    retries = _record(group, result, rows, console)
-                    summaries.append(_summary(group, result))
-                    for retry in retries:
-                        pending[pool.submit(run, retry)] = retry
-                    total = progress.tasks[0].total + len(retries)
-                    progress.update(task, total=total, advance=1)
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
+        while queue or running:
+            now = running.values()
+            for group in runner.runs_to_start(queue, now, p.jobs, multi_slots):
+                queue.remove(group)
+                running[pool.submit(run, group)] = group
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                group, result = running.pop(future), future.result()
+                retries = _record(group, result, rows, console)
+                summaries.append(_summary(group, result))
+                queue[:0] = retries
+                total = progress.tasks[0].total + len(retries)
+                progress.update(task, total=total, advance=1)
     return summaries
 
 
@@ -465,13 +469,7 @@ def add_arguments(p) -> None:
 
 def add_filters(p) -> None:
     """Which cells and variants run, and how (also ``bench-matrix``'s)."""
-    for name in ("base", "fix", "backend", "topology"):
-        p.add_argument(
-            f"--{name}",
-            action="append",
-            help=f"only this {name} (repeatable; an unknown one is named, "
-            "with the valid ones)",
-        )
+    options.add_cell_filters(p, ("base", "fix", "backend", "topology"))
     p.add_argument(
         "--skip-topology",
         action="append",
@@ -493,22 +491,16 @@ def add_filters(p) -> None:
         metavar="{1..8}",
         help="runs at the same time (default: 1 on GPUs, where each run "
         "takes every GPU; else 2 on 2 or more cores); a multi-process run "
-        "takes all of them",
+        "holds all of them on GPUs, all but one on the CPU",
     )
-    p.add_argument(
-        "--accelerator",
-        choices=("auto", "cpu", "gpu"),
-        default="auto",
-        help="where the tests run (default auto: the GPUs where the "
-        "machine has them, else the CPU); on GPUs a topology needing more "
-        "GPUs than visible is n/a",
+    options.add_accelerator(
+        p,
+        "the tests",
+        "the GPUs where the machine has them",
+        "; on GPUs a topology needing more GPUs than visible is n/a",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=600,
-        help="seconds a test may take (default 600); past them "
-        "pytest-timeout fails it and the run goes on",
+    options.add_timeout(
+        p, "; past them pytest-timeout fails it and the run goes on"
     )
 
 

@@ -10,22 +10,22 @@ files into a folder of its own, and on stock keeps only the added tests
 progress (``harness.progress``) for ``timeout`` plus a grace period is hung
 and its process group is killed. Runs go ``--jobs`` at a time
 (``default_jobs``: 2 on 2 or more cores, 1 on GPUs); a multi-process run
-takes every slot (``Slots``).
+holds all slots but one on the CPU, every slot on GPUs
+(``multi_process_slots``, ``runs_to_start``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
 from integration_tests.harness import progress as progress_plugin
 from integration_tests.harness import run
+from integration_tests.harness import selection
 from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
 from keras_fork.proof import groups
@@ -41,39 +41,6 @@ from keras_fork.recipe import pins
 # before the first test.
 GRACE = 60.0
 
-UNIT_CONFTEST = """\
-# Written by keras_fork.proof.runner: check which keras the unit run imports
-# and keep only the added tests (PROOF_UNIT_TESTS: a JSON list of test
-# function names; see selection.is_added_test) of every file on stock, of
-# the files PROOF_UNIT_ADDED_ONLY lists (a JSON list of file names) on the
-# fork; tests marked multi_device are skipped unless the backend sees several
-# devices, as Keras's repository conftest.py (not in the sdist) does.
-import json
-import os
-
-from integration_tests.harness.plugin import pytest_configure  # noqa: F401
-from integration_tests.harness.selection import is_added_test
-from integration_tests.harness.selection import skip_multi_device
-
-
-def pytest_collection_modifyitems(config, items):
-    skip_multi_device(items)
-    names = os.environ.get("PROOF_UNIT_TESTS")
-    if names is None:
-        return
-    names = set(json.loads(names))
-    only = os.environ.get("PROOF_UNIT_ADDED_ONLY")
-    only = None if only is None else set(json.loads(only))
-    keep = [
-        i
-        for i in items
-        if (only is not None and i.path.name not in only)
-        or is_added_test(i.name, names)
-    ]
-    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
-    items[:] = keep
-"""
-
 # Upstream test files whose whole run on the fork, the unit cells' check
 # that upstream's own tests still pass, is left to one backend: on the
 # others the fork runs the tests the patches add to them, as on stock.
@@ -86,13 +53,14 @@ WHOLE_ON = {"trainer_test.py": ("jax",)}
 
 
 def _unit_selection(group: Group) -> dict[str, str]:
-    """The environment that picks a unit run's tests (``UNIT_CONFTEST``):
+    """The environment that picks a unit run's tests
+    (``selection.KERAS_TESTS_PLUGIN``):
     on stock the added tests of every file; on the fork every test, but
     for the files of ``WHOLE_ON`` on other backends, where the added tests
     only."""
-    names = json.dumps(list(group.unit.names))
+    names = group.unit.names
     if group.variant == "stock":
-        return {"PROOF_UNIT_TESTS": names}
+        return selection.added_tests_env(names)
     only = sorted(
         f.name
         for f in group.unit.files
@@ -100,17 +68,14 @@ def _unit_selection(group: Group) -> dict[str, str]:
     )
     if not only:
         return {}
-    return {
-        "PROOF_UNIT_TESTS": names,
-        "PROOF_UNIT_ADDED_ONLY": json.dumps(only),
-    }
+    return selection.added_tests_env(names, only)
 
 
 def _unit_workdir(workdir: Path, unit: UnitTests) -> None:
     """Lays out a unit run's folder: each touched test file in a package
     named after its folder in the tree (``groups.unit_file_label``), so
-    that pytest imports two files of one name as different modules, and
-    the conftest that selects the tests."""
+    that pytest imports two files of one name as different modules (the
+    tests are selected by ``selection.KERAS_TESTS_PLUGIN``)."""
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -122,7 +87,6 @@ def _unit_workdir(workdir: Path, unit: UnitTests) -> None:
         (dest.parent / "__init__.py").touch()
         shutil.copyfile(f, dest)
     (workdir / "pytest.ini").write_text("[pytest]\n")
-    (workdir / "conftest.py").write_text(UNIT_CONFTEST)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,8 +204,9 @@ def _pytest_command(group: Group, unit, fixes: Path, junit, timeout):
         return run.pytest_command(paths, junit, timeout), pins.REPO_ROOT
     cwd = junit.with_suffix(".unit")
     _unit_workdir(cwd, unit)
-    cmd = run.pytest_command([cwd], junit, timeout)
-    return cmd[:-1] + ["--rootdir", str(cwd), str(cwd)], cwd
+    plugins = [selection.KERAS_TESTS_PLUGIN]
+    cmd = run.pytest_command([cwd], junit, timeout, plugins, rootdir=cwd)
+    return cmd, cwd
 
 
 def _run_result(junit, log, code, limit, seconds) -> dict:
@@ -289,44 +254,52 @@ def default_jobs(accelerator: str) -> int:
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
-class Slots:
-    """``n`` run slots: a single-process run holds 1, a multi-process run
-    (its workers need every core) holds all ``n``.
+def multi_process_slots(jobs: int, accelerator: str) -> int:
+    """The slots of ``jobs`` a multi-process run holds.
 
-    Fair to multi-process runs: once one waits, no new single-process run
-    starts, so the running ones drain and it gets every slot (a plain
-    semaphore would let single-process runs take each freed slot first and
-    leave the other slots idle behind the waiting run).
+    On GPUs every slot: its workers take every GPU. On the CPU all but
+    one, so that one single-process run shares the cores with its workers:
+    they wait on each other at every collective, and a run of 2 workers on
+    2 cores kept 66 % (TensorFlow multi-worker) to 84 % (JAX processes) of
+    them busy (docs/topologies.md).
+    """
+    return jobs if accelerator == "gpu" else max(1, jobs - 1)
+
+
+def runs_to_start(queue, running, jobs: int, multi_slots: int) -> list:
+    """The runs of ``queue`` to start now, in its order.
+
+    Args:
+        queue: the runs (``groups.Group``) waiting, first to start first.
+        running: the runs running now.
+        jobs: the slots.
+        multi_slots: the slots a multi-process run holds
+            (``multi_process_slots``); a single-process run holds 1.
+
+    Returns:
+        The runs to start: one multi-process run at a time at most, and a
+        run that needs more slots than are free holds back the runs queued
+        after it (the running ones drain, then it starts), so that a
+        multi-process run needing every slot is not starved.
     """
 
-    def __init__(self, n: int):
-        self.n = n
-        self.free = n
-        self.waiting_whole = 0
-        self._cv = threading.Condition()
+    def size(group) -> int:
+        return multi_slots if group.multi_process else 1
 
-    def can_take(self, k: int) -> bool:
-        """Whether a run needing ``k`` slots may start now."""
-        if k >= self.n:
-            return self.free == self.n
-        return self.free >= k and not self.waiting_whole
-
-    @contextlib.contextmanager
-    def hold(self, k: int):
-        k = min(k, self.n)
-        with self._cv:
-            whole = k == self.n and self.n > 1
-            self.waiting_whole += whole
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: self.can_take(k))
-            self.waiting_whole -= whole
-            self.free -= k
-        try:
-            yield
-        finally:
-            with self._cv:
-                self.free += k
-                self._cv.notify_all()
+    used = sum(size(g) for g in running)
+    multi = any(g.multi_process for g in running)
+    start = []
+    for group in queue:
+        if used >= jobs:
+            break
+        if group.multi_process and multi:
+            continue
+        if used + size(group) > jobs:
+            break
+        start.append(group)
+        used += size(group)
+        multi = multi or group.multi_process
+    return start
 
 
 def load_previous(path: Path) -> dict:

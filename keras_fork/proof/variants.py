@@ -218,8 +218,6 @@ def child_env(
     keras_dir: Path,
     overlay: Path | None = None,
     topology_env: dict[str, str] | None = None,
-    *,
-    with_repo: bool = True,
 ) -> dict[str, str]:
     """The environment of a child process that imports one keras variant.
 
@@ -250,9 +248,6 @@ def child_env(
             ``None`` for none.
         topology_env: variables to set, e.g. ``topologies.env_for(...)``
             (backend, devices); ``None`` for none.
-        with_repo: whether the repository root (``integration_tests``,
-            ``keras_fork``) goes on ``PYTHONPATH``; the bisection, which runs
-            upstream's own test files, leaves it out.
 
     Returns:
         A new dict, for ``subprocess``'s ``env``.
@@ -260,7 +255,7 @@ def child_env(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
     env.pop("XLA_FLAGS", None)
     env.update(topology_env or {})
-    paths = [keras_dir, overlay, pins.REPO_ROOT if with_repo else None]
+    paths = [keras_dir, overlay, pins.REPO_ROOT]
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths if p)
     return env
 

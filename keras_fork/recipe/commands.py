@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from keras_fork import options
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
@@ -23,27 +24,16 @@ def _console():
 
 
 def build_arguments(p) -> None:
-    p.add_argument(
-        "--base",
-        action="append",
-        help="only this base (repeatable; default: every pinned base)",
-    )
-    p.add_argument(
-        "--sdist",
-        type=Path,
-        help="build from this sdist instead of downloading it (offline; "
-        "needs exactly one --base; checked against the pinned sha256)",
-    )
+    options.add_bases(p)
+    options.add_sdist(p)
 
 
 def export_arguments(p) -> None:
-    p.add_argument("--base", required=True, help="the base to export")
+    options.add_base(p, "the base to export")
 
 
 def check_arguments(p) -> None:
-    p.add_argument(
-        "--base", action="append", help="only this base (repeatable)"
-    )
+    options.add_bases(p)
     p.add_argument(
         "--upstream-git",
         type=Path,
@@ -66,12 +56,8 @@ def build(args, layout: pins.Layout) -> int:
             sdist (``sdist.fetch``), a series out of canonical form, or a
             master PR that does not apply alone (``submission.checked_tree``).
     """
-    bases = pins.select_bases(layout, args.base)
-    if args.sdist and len(bases) != 1:
-        raise ForkError("--sdist needs exactly one --base")
+    bases = sdist_lib.fetch_selected(layout, args.base, args.sdist)
     _remove_scratch(layout)
-    for base in bases:
-        sdist_lib.fetch(layout, base, args.sdist)
     console = _console()
     for base in bases:
         whl = _build_base(layout, base, console)

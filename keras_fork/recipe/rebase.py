@@ -29,9 +29,10 @@ Keras git checkout; ``materialize`` leaves them out of NEW's tree
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
+from keras_fork import options
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
@@ -43,7 +44,7 @@ SDIST_TAG = "sdist"
 
 def add_arguments(p) -> None:
     """The ``rebase`` verb's options."""
-    p.add_argument("--base", required=True, help="the base the series is on")
+    options.add_base(p, "the base the series is on")
     p.add_argument("--to", required=True, help="the pinned base to move to")
     p.add_argument(
         "--continue",
@@ -122,10 +123,12 @@ def start(layout: pins.Layout, old: pins.Base, new: pins.Base) -> Path:
 
 def _rebase(work: Path, env, *args: str) -> bool:
     """Runs ``git rebase <args>``; True when it finished."""
-    proc = subprocess.run(
-        ["git", "-C", str(work), "-c", "core.editor=true", "rebase", *args],
-        capture_output=True,
-        text=True,
+    proc = process.run_git(
+        work,
+        "-c",
+        "core.editor=true",
+        "rebase",
+        *args,
         env=dict(env, GIT_EDITOR="true"),
     )
     return proc.returncode == 0 and not _in_progress(work)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from keras_fork import process
 from keras_fork.errors import ForkError
+from keras_fork.recipe import pins
 from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
 
@@ -96,6 +97,29 @@ def _pip_download(base: Base, dest: Path) -> Path:
             f"({base.sdist_name}, sha256 {base.sdist_sha256})."
         )
     return found
+
+
+def fetch_selected(
+    layout: Layout, names: list[str] | None, sdist: Path | None = None
+) -> list[Base]:
+    """The pinned bases ``names`` selects (``pins.select_bases``; None:
+    every one), each's sdist fetched and verified (``fetch``) before the
+    caller writes anything.
+
+    Args:
+        sdist: an sdist file to use instead of the cached one, for exactly
+            one base.
+
+    Raises:
+        ForkError: an unknown base, ``sdist`` with several bases, or what
+            ``fetch`` raises.
+    """
+    bases = pins.select_bases(layout, names)
+    if sdist and len(bases) != 1:
+        raise ForkError("--sdist needs exactly one --base")
+    for base in bases:
+        fetch(layout, base, sdist)
+    return bases
 
 
 def fetch(layout: Layout, base: Base, sdist: Path | None = None) -> Path:

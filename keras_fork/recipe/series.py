@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import sdist as sdist_lib
@@ -59,20 +59,8 @@ def git_env(epoch: int) -> dict[str, str]:
     return env
 
 
-def git(tree: Path, *args: str, env=None, check=True) -> str:
-    """Runs git in ``tree``; returns stdout. Raises ForkError on failure."""
-    proc = subprocess.run(
-        ["git", "-C", str(tree), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if check and proc.returncode != 0:
-        raise ForkError(
-            f"git {' '.join(args)} failed in {tree}:\n"
-            f"{(proc.stdout + proc.stderr).strip()}"
-        )
-    return proc.stdout
+# Runs git in a tree; returns stdout; raises ForkError on failure.
+git = process.git
 
 
 def series_dir(layout: Layout, base: Base) -> Path:
@@ -93,12 +81,7 @@ def numstat(patch: Path) -> dict[str, tuple[int, int]]:
     """``{path: (lines added, lines removed)}`` of each file ``patch``
     changes, from ``git apply --numstat`` (no repository needed; a binary
     file counts 0)."""
-    out = subprocess.run(
-        ["git", "apply", "--numstat", str(patch)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = process.git(None, "apply", "--numstat", str(patch))
     counts = {}
     for line in out.splitlines():
         plus, minus, path = line.split("\t", 2)
@@ -189,11 +172,7 @@ def check_repo_only(
         git(upstream, "worktree", "add", "-q", "--detach", str(work), rev)
         try:
             for patch in read_repo_only(layout, base):
-                proc = subprocess.run(
-                    ["git", "-C", str(work), "apply", str(patch.resolve())],
-                    capture_output=True,
-                    text=True,
-                )
+                proc = process.run_git(work, "apply", str(patch.resolve()))
                 if proc.returncode != 0:
                     failures.append(f"{patch.name}: {proc.stderr.strip()}")
         finally:
@@ -247,19 +226,13 @@ def not_alone(tree: Path, patches: list[Path]) -> list[str]:
         git(tree, "read-tree", PRISTINE_TAG, env=env)
         for patch in patches:
             excludes = [f"--exclude={p}" for p in missing_tests(tree, patch)]
-            proc = subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(tree),
-                    "apply",
-                    "--cached",
-                    "--check",
-                    *excludes,
-                    str(patch.resolve()),
-                ],
-                capture_output=True,
-                text=True,
+            proc = process.run_git(
+                tree,
+                "apply",
+                "--cached",
+                "--check",
+                *excludes,
+                str(patch.resolve()),
                 env=env,
             )
             if proc.returncode:
@@ -334,20 +307,14 @@ def materialize(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
             # checkout (see docs/upstream.md).
             absent = [] if base.sdist_tests else missing_tests(work, patch)
             excludes = [f"--exclude={f}" for f in absent]
-            proc = subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(work),
-                    "am",
-                    "-q",
-                    "--keep",
-                    *excludes,
-                    "--committer-date-is-author-date",
-                    str(patch.resolve()),
-                ],
-                capture_output=True,
-                text=True,
+            proc = process.run_git(
+                work,
+                "am",
+                "-q",
+                "--keep",
+                *excludes,
+                "--committer-date-is-author-date",
+                str(patch.resolve()),
                 env=env,
             )
             if proc.returncode != 0:

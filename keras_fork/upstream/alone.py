@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import difflib
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 
+from keras_fork import options
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.outputs import write_atomic
 from keras_fork.recipe import pins
@@ -116,10 +117,8 @@ def _union(ours: list[str], base: list[str], theirs: list[str]) -> list[str]:
         paths = [Path(tmp, n) for n in ("ours", "base", "theirs")]
         for path, lines in zip(paths, (ours, base, theirs)):
             path.write_text("".join(lines))
-        proc = subprocess.run(
-            ["git", "merge-file", "-p", "--union", *map(str, paths)],
-            capture_output=True,
-            text=True,
+        proc = process.run_git(
+            None, "merge-file", "-p", "--union", *map(str, paths)
         )
     return proc.stdout.splitlines(True)
 
@@ -199,7 +198,7 @@ def rewrite(tree: Path, commit: str, patches: list[Path]) -> dict[Path, str]:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--base", required=True, help="a base without test files")
+    options.add_base(p, "a base without test files")
     checkout.add_arguments(
         p,
         "a Keras git clone (not bare)",

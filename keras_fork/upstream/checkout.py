@@ -12,10 +12,10 @@ does not ship: the nearest thing to master at the nightly's commit.
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import tempfile
 from pathlib import Path
 
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
@@ -43,15 +43,8 @@ def add_arguments(p, repo_help: str, source: str, source_help: str) -> None:
     )
 
 
-def git(repo: Path, *args: str, input: str | None = None):
-    """``git -C repo args`` (``input`` on its stdin), output captured,
-    never raising; the ``subprocess.CompletedProcess``."""
-    return subprocess.run(
-        ["git", "-C", str(repo), *args],
-        capture_output=True,
-        text=True,
-        input=input,
-    )
+# ``git -C repo args``, never raising: the ``subprocess.CompletedProcess``.
+git = process.run_git
 
 
 def apply(tree: Path, diff: str, *flags: str) -> tuple[bool, list[str]]:

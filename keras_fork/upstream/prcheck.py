@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from integration_tests.harness import topologies
+from keras_fork import options
 from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
 from keras_fork.outputs import write_atomic
@@ -252,7 +253,7 @@ def lint(worktree: Path, commit: str) -> list[str]:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--base", required=True, help="the series, e.g. a nightly")
+    options.add_base(p, "the series, e.g. a nightly")
     checkout.add_arguments(
         p,
         "a Keras git clone (not bare) to apply each PR to",

@@ -21,14 +21,13 @@ import dataclasses
 import json
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
+from keras_fork import options
 from keras_fork import outputs
-from keras_fork.errors import ForkError
+from keras_fork import process
 from keras_fork.recipe import patchfile
-from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
 from keras_fork.recipe import series
 from keras_fork.recipe import submission
@@ -54,19 +53,10 @@ def pr_series_dir(layout: Layout, base: Base) -> Path:
 
 
 def add_arguments(p) -> None:
-    """The ``pr-series`` verb's options."""
-    p.add_argument(
-        "--base",
-        action="append",
-        help="only this base (repeatable; default: every pinned base)",
-    )
-    p.add_argument(
-        "--sdist",
-        type=Path,
-        help="use this sdist instead of the cached or downloaded one "
-        "(offline; needs exactly one --base; checked against the pinned "
-        "sha256): scripts/build passes build's options on",
-    )
+    """The ``pr-series`` verb's options (scripts/build passes build's
+    options on)."""
+    options.add_bases(p)
+    options.add_sdist(p)
 
 
 def main(args, layout: Layout) -> int:
@@ -87,12 +77,8 @@ def main(args, layout: Layout) -> int:
     """
     from rich.console import Console
 
-    bases = pins.select_bases(layout, args.base)
-    if args.sdist and len(bases) != 1:
-        raise ForkError("--sdist needs exactly one --base")
+    bases = sdist_lib.fetch_selected(layout, args.base, args.sdist)
     _remove_scratch(layout)
-    for base in bases:
-        sdist_lib.fetch(layout, base, args.sdist)
     console = Console(stderr=True, highlight=False)
     with_proof = " (with dist/proof.json)" if proof_cells(layout) else ""
     for base in bases:
@@ -347,12 +333,9 @@ def author_identity(root: Path) -> str | None:
     identity, which must not reach upstream (issue 23)."""
     values = []
     for key in ("user.name", "user.email"):
-        proc = subprocess.run(
-            ["git", "-C", str(root), "config", "--get", key],
-            capture_output=True,
-            text=True,
+        values.append(
+            process.run_git(root, "config", "--get", key).stdout.strip()
         )
-        values.append(proc.stdout.strip())
     name, email = values
     return f"{name} <{email}>" if name and email else None
 

@@ -5,8 +5,8 @@ base, unmodified (the pristine sdist's copies: the fork's added or changed
 test hunks are the proof matrix's ``unit`` cells, not part of this
 comparison), once against stock keras and once against fork keras
 (``build/variants/<V>/{stock,fork}``, as the proof matrix installs them),
-under Keras's own test conventions (``kerastests.CONFTEST``; the sdist's
-``[tool.pytest.ini_options]``), one pytest process per backend and side:
+under Keras's own test conventions (``selection.KERAS_TESTS_PLUGIN``; the
+sdist's ``[tool.pytest.ini_options]``), one pytest process per backend and side:
 JAX with 8 virtual CPU devices so the ``multi_device`` tests run,
 TensorFlow and torch on one device.
 
@@ -30,18 +30,18 @@ import dataclasses
 import json
 import re
 import shutil
-import sys
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from integration_tests.harness import selection
 from integration_tests.harness import topologies
 from integration_tests.harness.junit import read_junit
+from integration_tests.harness.run import pytest_command
 from integration_tests.harness.run import run_bounded
 from keras_fork import outputs
 from keras_fork.errors import ForkError
 from keras_fork.proof import fixes
-from keras_fork.proof import kerastests
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
@@ -191,14 +191,13 @@ def _for_backend(files, backend: str) -> list[str]:
 
 def lay_out_tests(tree: Path, files: list[str], work: Path) -> None:
     """Copies ``files`` (relative to ``tree``) under ``work``, keeping their
-    paths, with the conftest and the sdist's pytest settings."""
+    paths, with the sdist's pytest settings."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
     for f in files:
         (work / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tree / f, work / f)
-    (work / "conftest.py").write_text(kerastests.CONFTEST)
     project = tomllib.loads((tree / "pyproject.toml").read_text())
     options = project.get("tool", {}).get("pytest", {}).get("ini_options", {})
     lines = ["[pytest]"]
@@ -261,7 +260,7 @@ def _env(layout, base, side: str, backend: str, overlay) -> dict:
             f"--xla_force_host_platform_device_count={JAX_DEVICES}"
         )
     keras_dir = layout.variant(base.version, side)
-    return variants.child_env(keras_dir, overlay, topology, with_repo=False)
+    return variants.child_env(keras_dir, overlay, topology)
 
 
 def run_side(work: Path, env: dict, junit: Path, timeout: int, limit: float):
@@ -269,24 +268,14 @@ def run_side(work: Path, env: dict, junit: Path, timeout: int, limit: float):
     its log beside it. Returns pytest's exit status (None: killed after
     ``limit`` seconds)."""
     junit.unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--import-mode=importlib",
-        "-rfE",
-        f"--junitxml={junit}",
-        "--continue-on-collection-errors",
-        "-o",
-        "junit_family=xunit1",
-        f"--timeout={timeout}",
-        "--rootdir",
-        str(work),
-        str(work),
-    ]
+    cmd = pytest_command(
+        [work],
+        junit,
+        timeout,
+        [selection.KERAS_TESTS_PLUGIN],
+        rootdir=work,
+        extra=["--import-mode=importlib", "--continue-on-collection-errors"],
+    )
     return run_bounded(cmd, work, env, junit.with_suffix(".log"), limit)
 
 

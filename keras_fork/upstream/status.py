@@ -18,7 +18,6 @@ conflict is news, not a failure).
 
 from __future__ import annotations
 
-import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
@@ -40,17 +39,9 @@ def classify(tree: Path, patch: Path) -> str:
     excludes = [f"--exclude={f}" for f in series.missing_tests(tree, patch)]
 
     def ok(*flags):
-        proc = subprocess.run(
-            [
-                "git",
-                "apply",
-                "--check",
-                *excludes,
-                *flags,
-                str(patch.resolve()),
-            ],
-            cwd=tree,
-            capture_output=True,
+        patch_file = str(patch.resolve())
+        proc = process.run_git(
+            tree, "apply", "--check", *excludes, *flags, patch_file
         )
         return proc.returncode == 0
 
@@ -106,12 +97,7 @@ def check_series(tree: Path, patches: list[Path]) -> list[str]:
         if state.startswith("applies"):
             absent = series.missing_tests(tree, patch)
             excludes = [f"--exclude={f}" for f in absent]
-            subprocess.run(
-                ["git", "apply", *excludes, str(patch.resolve())],
-                cwd=tree,
-                check=True,
-                capture_output=True,
-            )
+            process.git(tree, "apply", *excludes, str(patch.resolve()))
         states.append(state)
     return states
 
