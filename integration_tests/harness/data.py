@@ -196,6 +196,24 @@ def outcome(run):
         return f"{type(e).__name__}: {e}"
 
 
+def assert_close_by_key(actual, expected, rtol, atol, where=""):
+    """Asserts that ``actual`` and ``expected`` (dicts of arrays, e.g.
+    weights by path) have the same keys and allclose values under the
+    caller's tolerances (justified where they are defined); ``where``
+    starts the message, followed by the key."""
+    import numpy as np
+
+    assert actual.keys() == expected.keys(), (where, actual.keys())
+    for key in expected:
+        np.testing.assert_allclose(
+            actual[key],
+            expected[key],
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"{where}{key}",
+        )
+
+
 def assert_value_error(result, texts, where):
     """Asserts that ``result`` (an ``outcome``) is a ``ValueError`` whose
     message holds each of ``texts``; ``where`` (the process and the call)

@@ -119,15 +119,7 @@ def _fit(scope, synchronized, process=None):
 
 
 def _assert_weights_match(actual, expected, who=""):
-    assert actual.keys() == expected.keys()
-    for path in expected:
-        np.testing.assert_allclose(
-            actual[path],
-            expected[path],
-            rtol=RTOL,
-            atol=ATOL,
-            err_msg=f"{who}{path}",
-        )
+    data.assert_close_by_key(actual, expected, RTOL, ATOL, who)
 
 
 def _assert_workers_match_one_device(worker):

@@ -120,14 +120,7 @@ def _run(scope, steps_per_execution, process=None, unrolled=1):
 
 
 def _assert_same(result, expected, where=""):
-    for key in expected:
-        np.testing.assert_allclose(
-            result[key],
-            expected[key],
-            rtol=RTOL,
-            atol=ATOL,
-            err_msg=f"{where} {key}",
-        )
+    data.assert_close_by_key(result, expected, RTOL, ATOL, f"{where} ")
 
 
 @pytest.mark.parametrize("steps_per_execution", [2, 3])
