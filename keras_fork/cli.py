@@ -106,7 +106,7 @@ def parser(verbs=None) -> argparse.ArgumentParser:
         description="Keras fork: recipe, proof, benchmarks, upstream status.",
     )
     p.add_argument(
-        "--root", type=Path, default=pins.REPO_ROOT, help=argparse.SUPPRESS
+        "--root", type=Path, default=pins.CODE_ROOT, help=argparse.SUPPRESS
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="<verb>")
     for verb, (module, help_text) in VERBS.items():

@@ -50,7 +50,7 @@ def _scratch(tmp_path):
     """A copy of the real fix folders and series to plant mistakes in."""
     for name in ("patches", "integration_tests/fixes"):
         shutil.copytree(
-            pins.REPO_ROOT / name,
+            pins.CODE_ROOT / name,
             tmp_path / name,
             ignore=shutil.ignore_patterns("test_*.py", "__pycache__"),
         )

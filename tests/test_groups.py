@@ -102,9 +102,9 @@ def test_each_fix_fails_only_its_own_cell(fake_fixes, tmp_path, monkeypatch):
     # The shared run died in test_stuck; each other cell ran on its own.
     assert [r["cells"] for r in runs] == [4, 1, 1, 1]
     for fix, result in got.items():
-        log = pins.REPO_ROOT / result["log"]
+        log = layout.root / result["log"]
         assert log.is_file(), fix
-    hung_log = (pins.REPO_ROOT / got["hung"]["log"]).read_text()
+    hung_log = (layout.root / got["hung"]["log"]).read_text()
     assert "test_hung" in hung_log and "Timeout" in hung_log
     # Bounded: the shared run is killed TIMEOUT + GRACE s after test_stuck
     # starts, then the three reruns go two at a time, the longest (test_hung)

@@ -15,7 +15,7 @@ from keras_fork.proof import catalog
 from keras_fork.proof import prove
 from keras_fork.recipe import pins
 
-ROOT = pins.REPO_ROOT
+ROOT = pins.CODE_ROOT
 MAX_FUNCTION_LINES = 60
 README_MAX_LINES = 200
 

@@ -155,7 +155,7 @@ def test_collection_skips_with_the_reason_and_keeps_fix_and_role(tmp_path):
             os.environ,
             KERAS_BACKEND="torch",
             PROOF_TOPOLOGY=name,
-            PYTHONPATH=str(pins.REPO_ROOT),
+            PYTHONPATH=str(pins.CODE_ROOT),
         )
         env.pop("PROOF_FIX", None)
         xml = tmp_path / f"{name}.xml"

@@ -85,7 +85,7 @@ def _names_the_package(path) -> bool:
 def _copy(tmp_path):
     copy = tmp_path / NAME
     shutil.copytree(
-        pins.REPO_ROOT / "integration_tests",
+        pins.CODE_ROOT / "integration_tests",
         copy,
         ignore=shutil.ignore_patterns("__pycache__"),
     )

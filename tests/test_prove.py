@@ -79,7 +79,6 @@ def _settled(tmp_path, monkeypatch, expect, outcomes):
             "</testcase>"
         )
 
-    monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
     cell = fixes.Cell("3.15.1", "f", "", "jax", "1", expect)
     plan = SimpleNamespace(cells=[cell], units={})
     rows = {cell.key: prove.new_row(cell, "cpu", {}, plan, ["stock", "fork"])}
@@ -89,7 +88,7 @@ def _settled(tmp_path, monkeypatch, expect, outcomes):
         cases = "".join(case(*c) for c in outcomes[group.variant])
         xml.write_text(f"<testsuite>{cases}</testsuite>")
         run = {"outcome": "pass", "detail": "", "junit": xml.name, "seconds": 1}
-        prove._record(group, run, rows, console)
+        prove._record(group, run, rows, tmp_path, console)
     prove.settle(plan, rows, console)
     return rows[cell.key]
 
@@ -243,12 +242,12 @@ def test_child_env_puts_keras_first_and_drops_cell_settings(
     assert env["PYTHONPATH"].split(os.pathsep) == [
         str(keras_dir),
         str(overlay),
-        str(pins.REPO_ROOT),
+        str(pins.CODE_ROOT),
     ]
     bare = variants.child_env(keras_dir)
     assert bare["PYTHONPATH"].split(os.pathsep) == [
         str(keras_dir),
-        str(pins.REPO_ROOT),
+        str(pins.CODE_ROOT),
     ]
 
 
@@ -299,7 +298,7 @@ def test_child_env_matches_what_bisect_and_bench_built_before(
         "CUDA_VISIBLE_DEVICES": "",
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
-    paths = os.pathsep.join([str(target), str(pins.REPO_ROOT)])
+    paths = os.pathsep.join([str(target), str(pins.CODE_ROOT)])
     before = dict(os.environ, PYTHONPATH=paths, **cpu)
     del before["XLA_FLAGS"], before["PROOF_FIX"]
     assert variants.child_env(target, topology_env=cpu) == before
@@ -307,7 +306,7 @@ def test_child_env_matches_what_bisect_and_bench_built_before(
     before = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
     del before["XLA_FLAGS"]
     before.update(topo)
-    before["PYTHONPATH"] = os.pathsep.join([str(target), str(pins.REPO_ROOT)])
+    before["PYTHONPATH"] = os.pathsep.join([str(target), str(pins.CODE_ROOT)])
     # A base without an overlay:
     assert variants.child_env(target, None, topo) == before
 
@@ -454,7 +453,7 @@ def test_unit_cells_share_one_run_per_backend_and_variant(
         '<testcase name="test_2" file="tests/b_test.py"><failure message="no"/>'
         "</testcase></testsuite></testsuites>"
     )
-    monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
+    cases = junit.read_junit(xml).cases
     run = {
         "outcome": "fail",
         "detail": "",
@@ -462,21 +461,23 @@ def test_unit_cells_share_one_run_per_backend_and_variant(
         "junit": xml.name,
         "seconds": 9.0,
     }
-    one = groups.cell_result(fork, cells[0], run)
+    one = groups.cell_result(fork, cells[0], run, cases)
     assert (one["outcome"], one["detail"]) == ("pass", "1 passed")
     assert one["counts"]["skipped"] == 1
     assert (one["shared"], one["shared_seconds"]) == (xml.name, 9.0)
-    two = groups.cell_result(fork, cells[1], run)
+    two = groups.cell_result(fork, cells[1], run, cases)
     assert two["outcome"] == "fail" and two["detail"].startswith("test_2")
     # On stock a cell owns only its own added tests: test_2 in a_test.py
     # would not be f1's.
     stock = planned[0]
-    assert groups.cell_result(stock, cells[0], run)["counts"]["tests"] == 1
+    assert (
+        groups.cell_result(stock, cells[0], run, cases)["counts"]["tests"] == 1
+    )
     # No case of the cell's files ran: an error, never a pass.
     alone = groups.Group(
         "3.15.1", "fork", "jax", "unit", (cells[2],), (units[cells[2].key],)
     )
-    assert groups.cell_result(alone, cells[2], run)["outcome"] == "error"
+    assert groups.cell_result(alone, cells[2], run, cases)["outcome"] == "error"
 
 
 def test_integration_cells_share_one_run_and_keep_their_own_cases(
@@ -512,12 +513,12 @@ def test_integration_cells_share_one_run_and_keep_their_own_cases(
         + case("test_c", "f2", '<failure message="boom"/>')
         + "</testsuite></testsuites>"
     )
-    monkeypatch.setattr(pins, "REPO_ROOT", tmp_path)
+    cases = junit.read_junit(xml).cases
     run = {"outcome": "fail", "junit": xml.name, "seconds": 7.0}
-    f1 = groups.cell_result(planned[0], cells[0], run)
+    f1 = groups.cell_result(planned[0], cells[0], run, cases)
     assert (f1["outcome"], f1["seconds"]) == ("pass", 3.0)
     assert f1["passed_tests"] == ["test_a", "test_b"]
-    f2 = groups.cell_result(planned[0], cells[1], run)
+    f2 = groups.cell_result(planned[0], cells[1], run, cases)
     assert (f2["outcome"], f2["detail"]) == ("fail", "test_c: boom")
 
 

@@ -127,7 +127,7 @@ def test_wheel_installs_beside_the_pinned_stack_and_pip_check_is_clean(
     py = _venv_over_the_test_env(tmp_path / "venv")
     constraints = tmp_path / "constraints.txt"
     constraints.write_text(
-        base.test_constraints((pins.REPO_ROOT / "constraints.txt").read_text())
+        base.test_constraints((pins.CODE_ROOT / "constraints.txt").read_text())
     )
     whl = LAYOUT.dist / base.wheel_name
     pip = [py, "-m", "pip", "--disable-pip-version-check"]
@@ -179,7 +179,7 @@ def _install_over_nightly(pip, constraints, base, stack) -> None:
     )
     for command in _documented_commands(base.wheel_name):
         assert command[0] == "pip"
-        subprocess.run(pip + command[1:], cwd=pins.REPO_ROOT, check=True)
+        subprocess.run(pip + command[1:], cwd=pins.CODE_ROOT, check=True)
 
 
 def _imports_as_the_fork(py, base, cwd) -> None:
@@ -210,7 +210,7 @@ def _imports_as_the_fork(py, base, cwd) -> None:
 def _documented_commands(wheel_name: str) -> list[list[str]]:
     """The README's install commands for one wheel, as argument lists: the
     uninstall of keras-nightly, then that wheel's ``pip install``."""
-    readme = (pins.REPO_ROOT / "README.md").read_text()
+    readme = (pins.CODE_ROOT / "README.md").read_text()
     block = readme.split(catalog.INSTALL_BEGIN)[1].split(catalog.INSTALL_END)[0]
     lines = [
         line.partition("#")[0].strip()

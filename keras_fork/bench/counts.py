@@ -41,7 +41,7 @@ def run_worker(
         env=env,
         capture_output=True,
         text=True,
-        cwd=pins.REPO_ROOT,
+        cwd=pins.CODE_ROOT,
         timeout=900,
     )
     if proc.returncode != 0:

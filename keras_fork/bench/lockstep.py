@@ -67,7 +67,7 @@ class LiveWorker:
             env=env,
             stdout=self._out,
             stderr=self._err,
-            cwd=pins.REPO_ROOT,
+            cwd=pins.CODE_ROOT,
             start_new_session=True,
         )
         self._conn = None

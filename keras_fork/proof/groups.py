@@ -15,7 +15,6 @@ import dataclasses
 from pathlib import Path
 
 from integration_tests.harness import topologies
-from integration_tests.harness.junit import read_junit
 from integration_tests.harness.selection import is_added_test
 from keras_fork.proof.fixes import Cell
 from keras_fork.recipe import pins
@@ -194,9 +193,7 @@ def owns(group: Group, cell: Cell, case: dict) -> bool:
     return group.variant == "fork" or is_added_test(case["name"], unit.names)
 
 
-def cell_result(
-    group: Group, cell: Cell, run: dict, cases: list | None = None
-) -> dict:
+def cell_result(group: Group, cell: Cell, run: dict, cases: list) -> dict:
     """One cell's result, read off the run of its group.
 
     Args:
@@ -204,8 +201,8 @@ def cell_result(
         cell: one of its cells.
         run: ``runner.run_group``'s result for ``group``, which must not
             be an ``error`` (see ``after_error``).
-        cases: the run's JUnit cases (``read_junit``), when already read
-            (one read serves every cell of the group); else read here.
+        cases: the run's JUnit cases (``read_junit``; one read serves
+            every cell of the group).
 
     Returns:
         A run result for the cell alone: ``fail`` when one of its cases
@@ -215,8 +212,6 @@ def cell_result(
         ``passed_tests`` and ``skipped_tests`` its passed and its skipped
         proof cases (for ``vacuous``).
     """
-    if cases is None:
-        cases = read_junit(pins.REPO_ROOT / run["junit"]).cases
     cases = [c for c in cases if owns(group, cell, c)]
     bad = [c for c in cases if c["outcome"] in ("failure", "error")]
     skipped = sum(c["outcome"] == "skipped" for c in cases)

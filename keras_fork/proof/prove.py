@@ -32,6 +32,7 @@ import json
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait
+from pathlib import Path
 
 from integration_tests.harness import options
 from integration_tests.harness import topologies
@@ -198,18 +199,19 @@ def _where(p: Plan, group, layout) -> runner.Where:
         version,
         p.overlays[group.base],
         layout.fixes,
+        layout.root,
         p.accelerator,
         tuple(variants_lib.compile_cache_env(layout).items()) + p.extra_env,
     )
 
 
-def resolve(group, run: dict) -> tuple[dict, list]:
+def resolve(group, run: dict, root: Path) -> tuple[dict, list]:
     """The cell results of a finished group run, and the groups to run
     again: ``groups.after_error`` when the run could not run its tests,
     else every cell's own result (``groups.cell_result``)."""
     if run["outcome"] == "error":
         return groups_lib.after_error(group, run, run.get("unfinished"))
-    cases = read_junit(pins.REPO_ROOT / run["junit"]).cases
+    cases = read_junit(root / run["junit"]).cases
     return {
         c.key: groups_lib.cell_result(group, c, run, cases) for c in group.cells
     }, []
@@ -248,7 +250,7 @@ def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 group, result = running.pop(future), future.result()
-                retries = _record(group, result, rows, console)
+                retries = _record(group, result, rows, layout.root, console)
                 summaries.append(_summary(group, result))
                 queue[:0] = retries
                 total = progress.tasks[0].total + len(retries)
@@ -256,12 +258,12 @@ def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
     return summaries
 
 
-def _record(group, result: dict, rows: dict, console) -> list:
+def _record(group, result: dict, rows: dict, root: Path, console) -> list:
     """Prints a finished run, puts its cells' results in ``rows`` and
     returns the groups to run again (``resolve``)."""
     when = f"({result['seconds']}s)"
     _print_run(console, group.label, result, when, result["detail"])
-    results, retries = resolve(group, result)
+    results, retries = resolve(group, result, root)
     for key, cell_run in results.items():
         rows[key][group.variant] = cell_run["outcome"]
         rows[key]["runs"][group.variant] = cell_run

@@ -98,6 +98,8 @@ class Where:
         keras_version: the version that keras must report.
         overlay: the base's test overlay, or None.
         fixes: the folder of the fix folders (``Layout.fixes``).
+        root: the layout's root (``Layout.root``): a run's result names its
+            files relative to it.
         accelerator: ``cpu`` or ``gpu``.
         extra_env: variables every process of the run gets besides its
             topology's (``variants.compile_cache_env``).
@@ -107,6 +109,7 @@ class Where:
     keras_version: str
     overlay: Path | None
     fixes: Path
+    root: Path
     accelerator: str = "cpu"
     extra_env: tuple[tuple[str, str], ...] = ()
 
@@ -164,6 +167,10 @@ def run_group(
     code = run.run_bounded(cmd, cwd, env, log, timeout + grace, progress)
     seconds = round(time.monotonic() - start, 1)
     result = _run_result(junit, log, code, timeout + grace, seconds)
+    result["junit"], result["log"] = (
+        _relative(junit, where.root),
+        _relative(log, where.root),
+    )
     if result["outcome"] == "error":
         result["unfinished"] = progress_plugin.unfinished(progress)
     return result
@@ -177,11 +184,12 @@ def run_variant(
     junit: Path,
     accelerator: str,
     timeout: float,
+    layout: pins.Layout,
     unit: UnitTests | None = None,
     overlay: Path | None = None,
 ) -> dict:
     """Runs one variant of one cell alone (``run_group`` of a one-cell
-    group, the fix folders of this repository)."""
+    group, the fix folders of ``layout``)."""
     group = Group(
         cell.base,
         variant,
@@ -190,8 +198,14 @@ def run_variant(
         (cell,),
         (unit,) if unit is not None else (),
     )
-    fixes = pins.REPO_ROOT / "integration_tests" / "fixes"
-    where = Where(keras_dir, keras_version, overlay, fixes, accelerator)
+    where = Where(
+        keras_dir,
+        keras_version,
+        overlay,
+        layout.fixes,
+        layout.root,
+        accelerator,
+    )
     return run_group(group, where, junit, timeout)
 
 
@@ -201,7 +215,7 @@ def _pytest_command(group: Group, unit, fixes: Path, junit, timeout):
     if unit is None:
         folders = {run.fix_folder(fixes, fix) for fix in group.fixes}
         paths = sorted(folders)
-        return run.pytest_command(paths, junit, timeout), pins.REPO_ROOT
+        return run.pytest_command(paths, junit, timeout), pins.CODE_ROOT
     cwd = junit.with_suffix(".unit")
     _unit_workdir(cwd, unit)
     plugins = [selection.KERAS_TESTS_PLUGIN]
@@ -229,8 +243,8 @@ def _run_result(junit, log, code, limit, seconds) -> dict:
         "outcome": outcome,
         "detail": detail,
         "seconds": seconds,
-        "junit": _relative(junit),
-        "log": _relative(log),
+        "junit": str(junit),
+        "log": str(log),
         "counts": counts,
         "passed_tests": [
             c["name"]
@@ -240,8 +254,7 @@ def _run_result(junit, log, code, limit, seconds) -> dict:
     }
 
 
-def _relative(path: Path) -> str:
-    root = pins.REPO_ROOT
+def _relative(path: Path, root: Path) -> str:
     return str(path.relative_to(root) if path.is_relative_to(root) else path)
 
 

@@ -255,7 +255,7 @@ def child_env(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOF_")}
     env.pop("XLA_FLAGS", None)
     env.update(topology_env or {})
-    paths = [keras_dir, overlay, pins.REPO_ROOT]
+    paths = [keras_dir, overlay, pins.CODE_ROOT]
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths if p)
     return env
 

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from keras_fork.errors import ForkError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The folder holding the tool's and the harness's code (keras_fork/,
+# integration_tests/): what a child process imports them from. Inputs and
+# outputs are the layout's (``Layout.root``, ``--root``).
+CODE_ROOT = Path(__file__).resolve().parents[2]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # PyPI projects that publish Keras's source: releases and master's nightlies.
 PACKAGES = ("keras", "keras-nightly")
@@ -36,12 +39,12 @@ class Layout:
     cache: Path
     build: Path
     dist: Path
-    root: Path = REPO_ROOT
-    fixes: Path = REPO_ROOT / "integration_tests" / "fixes"
-    docs: Path = REPO_ROOT / "docs"
+    root: Path = CODE_ROOT
+    fixes: Path = CODE_ROOT / "integration_tests" / "fixes"
+    docs: Path = CODE_ROOT / "docs"
 
     @classmethod
-    def default(cls, root: Path = REPO_ROOT) -> "Layout":
+    def default(cls, root: Path = CODE_ROOT) -> "Layout":
         return cls(
             pins=root / "keras_fork" / "bases.toml",
             patches=root / "patches",

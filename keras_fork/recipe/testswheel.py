@@ -28,7 +28,7 @@ from pathlib import Path
 
 from keras_fork.errors import ForkError
 from keras_fork.recipe import wheel
-from keras_fork.recipe.pins import REPO_ROOT
+from keras_fork.recipe.pins import CODE_ROOT
 from keras_fork.recipe.pins import Layout
 
 PACKAGE = "keras_fork_tests"
@@ -68,7 +68,7 @@ def version() -> str:
         ForkError: ``setup.cfg`` has none.
     """
     cfg = configparser.ConfigParser()
-    cfg.read(REPO_ROOT / "setup.cfg")
+    cfg.read(CODE_ROOT / "setup.cfg")
     try:
         return cfg["metadata"]["version"]
     except KeyError:
@@ -81,7 +81,7 @@ def catalog_digest() -> str:
     ``fix.toml``), path and bytes, in path order: two wheels with the
     same digest hold the same fix catalog."""
     h = hashlib.sha256()
-    root = REPO_ROOT / SOURCE
+    root = CODE_ROOT / SOURCE
     for path in sorted(root.rglob("*")):
         if not path.is_file() or "__pycache__" in path.parts:
             continue
@@ -107,7 +107,7 @@ def _stage(src: Path) -> None:
     checkout, whatever layout it builds) into ``src/keras_fork_tests`` (no
     caches) with its ``pyproject.toml`` beside it."""
     shutil.copytree(
-        REPO_ROOT / SOURCE,
+        CODE_ROOT / SOURCE,
         src / PACKAGE,
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )

@@ -198,6 +198,7 @@ def nightly_proofs(layout: pins.Layout, archive: Path, console) -> list[dict]:
             layout.dist / "status" / f"{name}-{cell.slug}.xml",
             "cpu",
             900,
+            layout,
         )
         rows.append(
             {
