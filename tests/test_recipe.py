@@ -219,6 +219,34 @@ def test_series_round_trip_is_byte_identical(upstream):
     assert "Fork-Fix" not in info.message
 
 
+def test_a_tree_is_materialized_again_only_when_it_is_not_the_series(upstream):
+    layout, base, _ = upstream
+    fake.add_fix(layout, base, series.materialize(layout, base))
+    tree = series.materialize(layout, base)
+    marker = tree / "untracked.txt"  # gone whenever the tree is made again
+    marker.write_text("")
+    assert series.tree_of(layout, base) == tree and marker.exists()
+    # A tracked file changed in the work tree: made again.
+    (tree / "keras/src/shuffle.py").write_text("edited\n")
+    series.tree_of(layout, base)
+    assert not marker.exists()
+    assert "edited" not in (tree / "keras/src/shuffle.py").read_text()
+    # A commit on top (HEAD moved): made again.
+    marker.write_text("")
+    env = series.git_env(fake.EPOCH)
+    series.git(tree, "commit", "-q", "--allow-empty", "-m", "x", env=env)
+    series.tree_of(layout, base)
+    assert not marker.exists()
+    assert "x" not in series.git(tree, "log", "-1", "--format=%s")
+    # Another series (a patch's bytes changed): made again.
+    marker.write_text("")
+    (patch,) = series.read_series(layout, base)
+    text = patch.read_bytes().replace(b"tests want it", b"the tests want it")
+    patch.write_bytes(text)
+    series.tree_of(layout, base)
+    assert not marker.exists()
+
+
 def test_check_reports_a_patch_not_in_canonical_form(upstream):
     layout, base, _ = upstream
     tree = series.materialize(layout, base)

@@ -11,6 +11,7 @@ Discipline taken from Electron's patch folders and Debian's DEP-3:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -293,6 +294,7 @@ def materialize(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
     epoch = sdist_lib.source_date_epoch(archive, base)
     env = git_env(epoch)
     dest = layout.tree(base.version)
+    stamp = _inputs_digest(base, patches)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists():
         shutil.rmtree(dest)
@@ -324,8 +326,55 @@ def materialize(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
                     f"{base.version}: failing file "
                     f"{_failing_file(out)}\n{out.strip()}"
                 )
+        head = git(work, "rev-parse", "HEAD").strip()
+        (work / ".git" / STAMP).write_text(f"{stamp} {head}\n")
         work.rename(dest)
     return dest
+
+
+# In a tree's .git folder: what it was materialized from, and its HEAD then.
+STAMP = "keras-fork-inputs"
+# Changes when the rules by which ``materialize`` applies a series change.
+_MATERIALIZE_RULES = "git am --keep --committer-date-is-author-date; 1"
+
+
+def _inputs_digest(base: Base, patches: list[Path]) -> str:
+    """sha256 of what decides a materialized tree: the base's pinned sdist
+    and whether its test files are kept, the patches (names and bytes) in
+    order, and ``materialize``'s rules."""
+    h = hashlib.sha256(_MATERIALIZE_RULES.encode())
+    h.update(f"{base.version} {base.sdist_sha256} {base.sdist_tests}".encode())
+    for patch in patches:
+        h.update(f"\0{patch.name}\0".encode())
+        h.update(patch.read_bytes())
+    return h.hexdigest()
+
+
+def tree_of(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
+    """``build/trees/<version>`` as ``materialize`` makes it from the
+    series now, materialized only when the one there is not that: its
+    stamp names other inputs (``_inputs_digest``) or another ``HEAD``, or
+    its tracked files differ from ``HEAD``. One ``scripts/build`` or
+    ``scripts/test`` thus materializes each base once.
+
+    Raises:
+        ForkError: what ``materialize`` raises.
+    """
+    dest = layout.tree(base.version)
+    stamp = dest / ".git" / STAMP
+    if stamp.is_file():
+        digest, _, head = stamp.read_text().strip().partition(" ")
+        if (
+            digest == _inputs_digest(base, read_series(layout, base))
+            and process.run_git(dest, "rev-parse", "HEAD").stdout.strip()
+            == head
+            and not process.run_git(
+                dest, "status", "--porcelain", "--untracked-files=no"
+            ).stdout.strip()
+        ):
+            sdist_lib.fetch(layout, base, sdist)  # checked, as materialize
+            return dest
+    return materialize(layout, base, sdist)
 
 
 def format_patch(tree: Path, out: Path, flags=EXPORT_FLAGS) -> list[Path]:

@@ -269,8 +269,9 @@ def read_submission(layout: Layout, base: Base) -> list[Path]:
 
 
 def checked_tree(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
-    """Materializes ``base``'s tree and checks its series, for the outputs
-    made from it (the wheel, the PR series).
+    """Materializes ``base``'s tree where it is not the series' already
+    (``series.tree_of``) and checks its series, for the outputs made from
+    it (the wheel, the PR series).
 
     Args:
         layout: where the patches, the sdist cache and the tree are.
@@ -278,7 +279,7 @@ def checked_tree(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
         sdist: an sdist file to use instead of the cached one (``fetch``).
 
     Returns:
-        The path of the tree (``series.materialize``).
+        The path of the tree.
 
     Raises:
         ForkError: what ``series.materialize`` raises; re-exporting the
@@ -287,7 +288,7 @@ def checked_tree(layout: Layout, base: Base, sdist: Path | None = None) -> Path:
             or, on a ``keras-nightly`` base (master: its PRs go in one by
             one), a PR that does not apply alone.
     """
-    tree = series.materialize(layout, base, sdist)
+    tree = series.tree_of(layout, base, sdist)
     drift = series.check(layout, base, tree)
     if drift:
         raise ForkError(
