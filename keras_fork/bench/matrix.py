@@ -92,7 +92,7 @@ def main(args, layout: pins.Layout) -> int:
     from rich.table import Table
 
     console = Console(stderr=True, highlight=False)
-    previous = runner.load_previous(layout.dist / "proof.json")
+    previous = runner.load_previous(layout.proof)
     p = prove.plan(args, layout, previous)
     chosen = set(getattr(args, "way", None) or WAYS) | {NOW}
     records = [

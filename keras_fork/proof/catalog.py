@@ -187,7 +187,7 @@ def catalog(layout: pins.Layout, with_proof: bool = True) -> list[dict]:
     ``patches`` (``{base: [file name, ...]}``) and ``parity`` (``{base:
     status}``, see ``parity``)."""
     by_fix = patches_by_fix(layout)
-    proof = load_previous(layout.dist / "proof.json") if with_proof else {}
+    proof = load_previous(layout.proof) if with_proof else {}
     rows = []
     for fix in fixes_lib.load_fixes(layout.fixes):
         patches = by_fix.get(fix.id, {})

@@ -328,7 +328,7 @@ def write_outputs(layout, rows, accelerator: str, docs: bool, runs=()):
     """``dist/proof.json`` (``{"cells": rows, "runs": runs}``: every cell,
     and this prove's pytest processes) and ``dist/proof.md``, atomically;
     with ``docs``, the table in ``docs/proof.md`` too."""
-    proof_json = layout.dist / "proof.json"
+    proof_json = layout.proof
     doc = {"cells": rows, "runs": list(runs)}
     write_atomic(proof_json, json.dumps(doc, indent=2) + "\n")
     table = render_table(rows)
@@ -439,7 +439,7 @@ def main(args, layout: pins.Layout) -> int:
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False)
-    previous = runner.load_previous(layout.dist / "proof.json")
+    previous = runner.load_previous(layout.proof)
     p = plan(args, layout, previous)
     variants = args.variant or list(VARIANTS)
     rows = {

@@ -168,7 +168,7 @@ def main(args, layout: pins.Layout) -> int:
 
     jobs = args.jobs or runner.default_jobs("cpu")
     stages = read_stages(layout.dist / STAGES_FILE)
-    runs = read_runs(layout.dist / "proof.json", layout.root)
+    runs = read_runs(layout.proof, layout.root)
     multi_slots = runner.multi_process_slots(jobs, "cpu")
     summary = summarize(stages, runs, jobs, multi_slots)
     text = json.dumps(summary, indent=2) + "\n"

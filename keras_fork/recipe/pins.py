@@ -64,6 +64,12 @@ class Layout:
         """The `pip install --target` folder of `stock` or `fork` keras."""
         return self.build / "variants" / version / variant
 
+    @property
+    def proof(self) -> Path:
+        """The proof matrix's record, ``dist/proof.json`` (``prove``
+        writes it; its format is docs/proof.md's)."""
+        return self.dist / "proof.json"
+
 
 @dataclasses.dataclass(frozen=True)
 class Base:

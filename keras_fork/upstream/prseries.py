@@ -121,7 +121,7 @@ def write_from_patches(layout: Layout, base: Base) -> Path:
 def proof_cells(layout: Layout) -> list[dict]:
     """The cells of ``dist/proof.json`` (empty when the matrix never ran)."""
     try:
-        return json.loads((layout.dist / "proof.json").read_text())["cells"]
+        return json.loads(layout.proof.read_text())["cells"]
     except (FileNotFoundError, KeyError, ValueError):
         return []
 
