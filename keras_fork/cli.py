@@ -22,8 +22,7 @@ Verbs (the ``scripts/`` entry points call these):
   pr-series  the PR series into dist/pr-series/<V>/, with the proof and
            pr-check rows where dist/ has them            (upstream)
 
-A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``
-(or, for a module of several verbs, ``<verb>_arguments`` and ``<verb>``);
+A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``;
 ``main`` returns the exit status. Only the chosen verb's module is imported,
 so each verb needs only what its own environment installs (``build`` and
 ``--help``: ``requirements/build.txt``). Bad input raises ``ForkError``: the
@@ -41,12 +40,11 @@ from pathlib import Path
 from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 
-# verb -> (module, one-line help)
-_RECIPE = "keras_fork.recipe.commands"
+# verb -> (its module, with add_arguments and main; one-line help)
 VERBS = {
-    "build": (_RECIPE, "wheels into dist/"),
-    "export": (_RECIPE, "rewrite patches/<V> from the tree"),
-    "check": (_RECIPE, "re-export must reproduce patches/"),
+    "build": ("keras_fork.recipe.build", "wheels into dist/"),
+    "export": ("keras_fork.recipe.export", "rewrite patches/<V> from the tree"),
+    "check": ("keras_fork.recipe.check", "re-export must reproduce patches/"),
     "rebase": ("keras_fork.recipe.rebase", "move a series onto a new base"),
     "prove": ("keras_fork.proof.prove", "run the stock-vs-fork proof matrix"),
     "verify": (
@@ -68,7 +66,7 @@ VERBS = {
     ),
     "pr-check": ("keras_fork.upstream.prcheck", "each PR alone on a checkout"),
     "pr-tests": (
-        "keras_fork.upstream.alone",
+        "keras_fork.upstream.prtests",
         "test hunks that apply alone on a checkout",
     ),
     "pr-series": (
@@ -79,10 +77,8 @@ VERBS = {
 
 
 def _handlers(verb: str, module_name: str):
-    """``(add_arguments, main)`` of a verb (see the module doc)."""
+    """``(add_arguments, main)`` of a verb: its module's."""
     module = importlib.import_module(module_name)
-    if hasattr(module, f"{verb}_arguments"):
-        return getattr(module, f"{verb}_arguments"), getattr(module, verb)
     return module.add_arguments, module.main
 
 

@@ -162,7 +162,7 @@ def test_every_option_of_every_verb_has_a_help_text():
 @pytest.mark.parametrize(
     "verb, module",
     [
-        ("build", "keras_fork.recipe.commands"),
+        ("build", "keras_fork.recipe.build"),
         ("pr-series", "keras_fork.upstream.prseries"),
     ],
 )

@@ -6,8 +6,8 @@ import pytest
 
 from keras_fork.errors import ForkError
 from keras_fork.recipe import series
-from keras_fork.upstream import alone
 from keras_fork.upstream import checkout
+from keras_fork.upstream import prtests
 
 TEST = "class T:\n    def test_a(self):\n        pass\n"
 T1 = "\n    def test_one(self):\n        pass\n"
@@ -21,10 +21,10 @@ def _lines(text: str) -> list[str]:
 def test_a_test_appended_after_an_earlier_patch_s_goes_after_upstream_s():
     pristine, before = _lines(TEST), _lines(TEST + T1)
     after = _lines(TEST + T1 + T2)
-    assert "".join(alone.alone_lines(pristine, before, after)) == TEST + T2
+    assert "".join(prtests.alone_lines(pristine, before, after)) == TEST + T2
     # A change to upstream's own lines is carried over too.
     edited = _lines(TEST.replace("test_a", "test_b") + T1 + T2)
-    assert "".join(alone.alone_lines(pristine, before, edited)) == (
+    assert "".join(prtests.alone_lines(pristine, before, edited)) == (
         TEST.replace("test_a", "test_b") + T2
     )
 
@@ -33,7 +33,7 @@ def test_a_patch_that_edits_an_earlier_patch_s_test_cannot_go_alone():
     before = _lines(TEST + T1)
     after = _lines(TEST + T1.replace("pass", "return"))
     with pytest.raises(ForkError, match="an earlier patch added"):
-        alone.alone_lines(_lines(TEST), before, after)
+        prtests.alone_lines(_lines(TEST), before, after)
 
 
 def _chain(tmp_path: Path) -> tuple[Path, list[Path]]:
@@ -68,7 +68,7 @@ def test_rewrite_makes_each_patch_apply_alone_and_is_idempotent(tmp_path):
         assert checkout.git(
             tree, "apply", "--check", str(patches[1])
         ).returncode
-        new = alone.rewrite(tree, commit, patches)
+        new = prtests.rewrite(tree, commit, patches)
         assert list(new) == [patches[1]]  # the first applies alone already
         patches[1].write_text(new[patches[1]])
         for patch in patches:
@@ -77,4 +77,4 @@ def test_rewrite_makes_each_patch_apply_alone_and_is_idempotent(tmp_path):
         assert (tree / "keras/src/a_test.py").read_text() == TEST + T2
         # The message is kept; a second rewrite changes nothing.
         assert new[patches[1]].count("Subject: [PATCH] Add test_two") == 1
-        assert alone.rewrite(tree, commit, patches) == {}
+        assert prtests.rewrite(tree, commit, patches) == {}

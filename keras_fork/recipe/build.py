@@ -1,4 +1,5 @@
-"""The recipe's verbs: ``build``, ``export`` and ``check``."""
+"""The ``build`` verb: the fork wheel of each selected base into ``dist/``,
+and the tests wheel (the PR series is the ``pr-series`` verb's)."""
 
 from __future__ import annotations
 
@@ -8,41 +9,20 @@ import tempfile
 from pathlib import Path
 
 from keras_fork import options
-from keras_fork.errors import ForkError
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
-from keras_fork.recipe import series
 from keras_fork.recipe import submission
 from keras_fork.recipe import testswheel
 from keras_fork.recipe import wheel
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
-
-
-def build_arguments(p) -> None:
+def add_arguments(p) -> None:
+    """The ``build`` verb's options."""
     options.add_bases(p)
     options.add_sdist(p)
 
 
-def export_arguments(p) -> None:
-    options.add_base(p, "the base to export")
-
-
-def check_arguments(p) -> None:
-    options.add_bases(p)
-    p.add_argument(
-        "--upstream-git",
-        type=Path,
-        help="a keras-team/keras clone: also apply patches/<V>/repo-only "
-        "to its tag v<V>",
-    )
-
-
-def build(args, layout: pins.Layout) -> int:
+def main(args, layout: pins.Layout) -> int:
     """The wheel of each selected base into ``dist/`` (the PR series is
     the ``pr-series`` verb's).
 
@@ -58,7 +38,9 @@ def build(args, layout: pins.Layout) -> int:
     """
     bases = sdist_lib.fetch_selected(layout, args.base, args.sdist)
     _remove_scratch(layout)
-    console = _console()
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
     for base in bases:
         whl = _build_base(layout, base, console)
         console.print(f"[green]built[/] {whl.relative_to(layout.root)}")
@@ -111,53 +93,3 @@ def _publish(layout: pins.Layout, base: pins.Base, whl: Path) -> Path:
             old.unlink()
     os.replace(whl, final)
     return final
-
-
-def export(args, layout: pins.Layout) -> int:
-    """Rewrites ``patches/<V>/`` from the materialized tree."""
-    base = pins.get_base(layout, args.base)
-    tree = layout.tree(base.version)
-    if not (tree / ".git").is_dir():
-        raise ForkError(f"no materialized tree at {tree}: run scripts/build")
-    folder = series.series_dir(layout, base)
-    before = set()
-    if (folder / series.ORDER_FILE).is_file():
-        before = {p.name for p in series.read_series(layout, base)}
-    # A tree without test files: each patch keeps its old file's test hunks.
-    carry = not base.sdist_tests
-    names = series.export(tree, folder, carry_tests=carry)
-    console = _console()
-    console.print(f"exported {len(names)} patches to patches/{base.version}")
-    if carry:
-        for name in sorted(set(names) - before):
-            console.print(
-                f"[yellow]{name}[/]: new or renamed, so it has no test hunks "
-                f"(base {base.version}'s tree has no test files): add them "
-                "from a Keras git checkout (docs/upstream.md)"
-            )
-    return 0
-
-
-def check(args, layout: pins.Layout) -> int:
-    """1 when re-exporting a base's tree changes ``patches/<V>``."""
-    status = 0
-    for base in pins.select_bases(layout, args.base):
-        tree = series.materialize(layout, base, None)
-        drift = series.check(layout, base, tree)
-        if drift:
-            print(f"{base.version}: re-export differs in {drift}")
-            status = 1
-        else:
-            print(f"{base.version}: re-export reproduces patches/ exactly")
-        if args.upstream_git:
-            failed = series.check_repo_only(layout, base, args.upstream_git)
-            for line in failed:
-                print(f"{base.version}: repo-only patch does not apply: {line}")
-            status = status or int(bool(failed))
-            if not failed:
-                n = len(series.read_repo_only(layout, base))
-                print(
-                    f"{base.version}: {n} repo-only patch(es) apply to "
-                    f"v{base.version} of {args.upstream_git}"
-                )
-    return status
