@@ -1,11 +1,13 @@
-"""The git and pip runs of the tool.
+"""Every child process of the tool: ``run`` (to its end, output captured)
+and ``start`` (a process the caller talks to), and the git and pip runs.
 
-``run_git`` runs git and returns what it did, for the callers that read a
-failure (e.g. a patch that does not apply); ``git`` returns its output and
-raises on failure. Every pip run uses this interpreter's pip (``python -m
-pip``), quietly, without its version check, installs or downloads no
-dependency, and builds nothing in an isolated environment (the pinned stack
-is already installed; the tool never reaches for another).
+``python(*args)`` is this interpreter's command line. ``run_git`` runs git
+and returns what it did, for the callers that read a failure (e.g. a patch
+that does not apply); ``git`` returns its output and raises on failure.
+Every pip run uses this interpreter's pip (``python -m pip``), quietly,
+without its version check, installs or downloads no dependency, and builds
+nothing in an isolated environment (the pinned stack is already installed;
+the tool never reaches for another).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 from keras_fork.errors import ForkError
 
+# What ``run`` raises past its timeout, and a started process's ``wait``.
+TimeoutExpired = subprocess.TimeoutExpired
 _PIP = (sys.executable, "-m", "pip")
 # Every run: quiet, no version check, no dependency, no isolated build.
 _OPTIONS = (
@@ -26,10 +30,49 @@ _OPTIONS = (
 )
 
 
-def _pip(command: str, *args: str):
+def run(cmd, *, env=None, cwd=None, timeout=None):
+    """Runs ``cmd`` to its end, with ``env`` (None: this process's) in
+    ``cwd``.
+
+    Returns:
+        The ``subprocess.CompletedProcess``, its output captured as text,
+        whatever its exit status: the caller says what failed.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past ``timeout`` seconds (it is
+            killed first).
+    """
     return subprocess.run(
-        [*_PIP, command, *_OPTIONS, *args], capture_output=True, text=True
+        [str(c) for c in cmd],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
     )
+
+
+def start(cmd, *, env, cwd, stdout, stderr):
+    """Starts ``cmd`` in its own session (its whole group can be killed),
+    writing to the files ``stdout`` and ``stderr``; the ``subprocess.Popen``
+    to wait for."""
+    return subprocess.Popen(
+        [str(c) for c in cmd],
+        env=env,
+        cwd=cwd,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
+def python(*args) -> list[str]:
+    """This interpreter's command line with ``args`` (``-m module ...``)."""
+    return [sys.executable, *map(str, args)]
+
+
+def _pip(command: str, *args: str):
+    return run([*_PIP, command, *_OPTIONS, *args])
 
 
 def pip_download_sdist(requirement: str, dest: Path):
@@ -72,7 +115,7 @@ def run_git(repo: Path | None, *args: str, env=None, input=None):
         text=True,
         env=env,
         input=input,
-    )
+    )  # run() with stdin
 
 
 def git(repo: Path | None, *args: str, env=None, check=True) -> str:

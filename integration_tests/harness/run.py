@@ -88,6 +88,20 @@ def fixes_env(
     return env
 
 
+def run_captured(cmd, env=None, timeout=None):
+    """Runs ``cmd`` to its end, its output captured as text.
+
+    Returns:
+        The ``subprocess.CompletedProcess``, whatever its exit status.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past ``timeout`` seconds.
+    """
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
 def run_bounded(
     cmd, cwd, env, log: Path, limit: float, progress: Path | None = None
 ) -> int | None:

@@ -43,7 +43,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -130,13 +129,7 @@ def probe_keras(backend: str) -> tuple[str, str]:
         "CUDA_VISIBLE_DEVICES": "",
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    out = run.run_captured([sys.executable, "-c", code], env, timeout=600)
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or len(lines) < 2:
         tail = out.stderr.strip().splitlines()[-1:] or ["no output"]

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
-import sys
 
 from integration_tests.harness import topologies
+from keras_fork import process
 from keras_fork.bench import suite
 from keras_fork.bench import tables
 from keras_fork.errors import ForkError
@@ -30,17 +29,11 @@ def run_worker(
     env = variants.child_env(
         variant_dir, overlay, topologies.env_for(backend, topology, accelerator)
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "keras_fork.bench.worker",
-            workload,
-            json.dumps(opts),
-        ],
+    proc = process.run(
+        process.python(
+            "-m", "keras_fork.bench.worker", workload, json.dumps(opts)
+        ),
         env=env,
-        capture_output=True,
-        text=True,
         cwd=pins.CODE_ROOT,
         timeout=900,
     )

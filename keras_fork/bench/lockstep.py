@@ -20,13 +20,13 @@ import os
 import select
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from integration_tests.harness import topologies
 from integration_tests.harness import workers
+from keras_fork import process
 from keras_fork.bench import tables
 from keras_fork.errors import ForkError
 from keras_fork.proof import variants
@@ -62,13 +62,12 @@ class LiveWorker:
             env["BENCH_CPU"] = str(cpu)
         self._out = tempfile.TemporaryFile("w+")
         self._err = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(
+        self.proc = process.start(
             cmd,
             env=env,
+            cwd=pins.CODE_ROOT,
             stdout=self._out,
             stderr=self._err,
-            cwd=pins.CODE_ROOT,
-            start_new_session=True,
         )
         self._conn = None
         self._buffer = b""
@@ -94,7 +93,7 @@ class LiveWorker:
             if not data:  # the worker is exiting, or broke the protocol
                 try:
                     code = self.proc.wait(timeout=min(self.timeout, 60))
-                except subprocess.TimeoutExpired:
+                except process.TimeoutExpired:
                     raise self._failure("closed the gate") from None
                 raise self._failure(f"exited with status {code}")
             self._buffer += data
@@ -125,7 +124,7 @@ class LiveWorker:
         self._conn.close()
         try:
             code = self.proc.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
+        except process.TimeoutExpired:
             raise self._failure(f"did not exit in {self.timeout} s") from None
         if code != 0:
             raise self._failure(f"exited with status {code}")

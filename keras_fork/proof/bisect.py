@@ -19,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import threading
 from concurrent.futures import FIRST_COMPLETED
@@ -280,11 +278,7 @@ def _compiles(tree: Path, patch: Path) -> None:
     ]
     if not files:
         return
-    out = subprocess.run(
-        [sys.executable, "-m", "py_compile", *files],
-        capture_output=True,
-        text=True,
-    )
+    out = process.run(process.python("-m", "py_compile", *files))
     if out.returncode != 0:
         raise ForkError(f"{patch.name}: does not compile:\n{out.stderr}")
 

@@ -18,12 +18,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import sdist as sdist_lib
@@ -36,7 +36,7 @@ VERSION_FILE = "keras/src/version.py"
 
 
 def _run(cmd: list[str], what: str, env=None, cwd=None) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    proc = process.run(cmd, env=env, cwd=cwd)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
         raise ForkError(f"{what} failed:\n{tail}")

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from integration_tests.harness import topologies
 from keras_fork import options
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
 from keras_fork.outputs import write_atomic
@@ -241,11 +240,8 @@ def lint(worktree: Path, commit: str) -> list[str]:
     files = [f for f in changed.stdout.split() if f.endswith(".py")]
     problems = []
     for args in (("check",), ("format", "--check")):
-        proc = subprocess.run(
-            [sys.executable, "-m", "ruff", *args, *files],
-            cwd=worktree,
-            capture_output=True,
-            text=True,
+        proc = process.run(
+            process.python("-m", "ruff", *args, *files), cwd=worktree
         )
         if files and proc.returncode:
             problems += (proc.stdout + proc.stderr).strip().splitlines()
