@@ -19,9 +19,13 @@ import pytest
 from . import devices
 from . import markers
 
-# ``PROOF_GC_FREEZE=0``: no ``gc.freeze``, as before 2026-11-26; only
-# ``bench-matrix`` sets it, to measure what that cost.
+# ``PROOF_GC_FREEZE=0``: no ``gc.freeze``; only ``bench-matrix`` sets it,
+# to measure what that cost.
 GC_FREEZE_ENV = "PROOF_GC_FREEZE"
+# The keras a run must import: its folder and its version (the runner sets
+# them for each variant).
+KERAS_DIR_ENV = "PROOF_KERAS_DIR"
+KERAS_VERSION_ENV = "PROOF_KERAS_VERSION"
 
 
 def freeze_heap() -> None:
@@ -49,14 +53,14 @@ def pytest_configure(config):
     devices.current()
     import keras
 
-    expected_dir = os.environ.get("PROOF_KERAS_DIR")
+    expected_dir = os.environ.get(KERAS_DIR_ENV)
     if expected_dir:
         where = Path(keras.__file__).resolve()
         if Path(expected_dir).resolve() not in where.parents:
             raise pytest.UsageError(
                 f"keras imported from {where}, expected under {expected_dir}"
             )
-    expected_version = os.environ.get("PROOF_KERAS_VERSION")
+    expected_version = os.environ.get(KERAS_VERSION_ENV)
     if expected_version and keras.__version__ != expected_version:
         raise pytest.UsageError(
             f"keras {keras.__version__} imported, expected {expected_version}"

@@ -84,7 +84,7 @@ def fixes_env(
     env[progress_plugin.ENV] = str(progress)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if base:
-        env["PROOF_BASE"] = base
+        env[selection.BASE_ENV] = base
     return env
 
 

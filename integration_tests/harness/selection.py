@@ -22,6 +22,8 @@ from .markers import NOT_ON_BASE
 
 ROLES = ("proof", "guard")
 ENV = "PROOF_FIX"
+# The base whose cells a run runs (``run.fixes_env``; ``role_of``).
+BASE_ENV = "PROOF_BASE"
 
 # The pytest plugin of every run of Keras's own test files from an sdist
 # (its docstring says what it does); by name, since importing it imports
@@ -94,7 +96,7 @@ def absent_reason(item) -> str | None:
         return why
     before = marker.kwargs.get("absent_before", {}) if marker else {}
     version, why = before.get(backend, (None, None))
-    if version and os.environ.get("PROOF_BASE") and not _at_or_after(version):
+    if version and os.environ.get(BASE_ENV) and not _at_or_after(version):
         return why
     return None
 
@@ -104,7 +106,7 @@ def _at_or_after(version: str | None) -> bool:
     later; False without either."""
     from packaging.version import Version
 
-    base = os.environ.get("PROOF_BASE")
+    base = os.environ.get(BASE_ENV)
     return bool(version and base) and Version(base) >= Version(version)
 
 

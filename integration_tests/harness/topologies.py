@@ -19,6 +19,9 @@ import os
 
 # The Keras backends, in the order every table lists them.
 BACKENDS = ("jax", "tensorflow", "torch")
+# The variables that name a run's topology and accelerator (``env_for``).
+TOPOLOGY_ENV = "PROOF_TOPOLOGY"
+ACCELERATOR_ENV = "PROOF_ACCELERATOR"
 
 # (backend, topology) -> (replicas on CPU, description)
 TOPOLOGIES = {
@@ -121,7 +124,7 @@ def from_env() -> tuple[str, str]:
     set them."""
     return (
         os.environ.get("KERAS_BACKEND", "tensorflow"),
-        os.environ.get("PROOF_TOPOLOGY", "1"),
+        os.environ.get(TOPOLOGY_ENV, "1"),
     )
 
 
@@ -173,13 +176,13 @@ ACCELERATORS = ("cpu", "gpu", SHARED_GPU)
 def on_gpu() -> bool:
     """Whether this process runs a topology on GPUs
     (``PROOF_ACCELERATOR=gpu`` or ``gpu-shared``, set by ``env_for``)."""
-    return os.environ.get("PROOF_ACCELERATOR", "cpu") in ("gpu", SHARED_GPU)
+    return os.environ.get(ACCELERATOR_ENV, "cpu") in ("gpu", SHARED_GPU)
 
 
 def shared_gpu() -> bool:
     """Whether this process runs in one-GPU mode (``SHARED_GPU``): every
     worker on the same GPU, collectives over gloo."""
-    return os.environ.get("PROOF_ACCELERATOR", "cpu") == SHARED_GPU
+    return os.environ.get(ACCELERATOR_ENV, "cpu") == SHARED_GPU
 
 
 def jax_gpus(visible: list[str]) -> list[str]:
@@ -231,8 +234,8 @@ def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
     replicas, _ = TOPOLOGIES[(backend, topology)]
     env = {
         "KERAS_BACKEND": backend,
-        "PROOF_TOPOLOGY": topology,
-        "PROOF_ACCELERATOR": accelerator,
+        TOPOLOGY_ENV: topology,
+        ACCELERATOR_ENV: accelerator,
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
     if accelerator == SHARED_GPU:

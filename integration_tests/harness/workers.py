@@ -220,7 +220,7 @@ def _fork_server_for(env: dict):
     if env.get("PROOF_WORKER_START", "forkserver") == "spawn":
         return None
     if (
-        env.get("PROOF_ACCELERATOR") in ("gpu", topologies.SHARED_GPU)
+        env.get(topologies.ACCELERATOR_ENV) in ("gpu", topologies.SHARED_GPU)
         and env.get("KERAS_BACKEND") == "torch"
     ):
         return None

@@ -23,6 +23,7 @@ import shutil
 import time
 from pathlib import Path
 
+from integration_tests.harness import plugin
 from integration_tests.harness import progress as progress_plugin
 from integration_tests.harness import run
 from integration_tests.harness import selection
@@ -153,11 +154,8 @@ def run_group(
         where.overlay,
         {**dict(where.extra_env), **topology_env},
     )
-    env.update(
-        PROOF_VARIANT=group.variant,
-        PROOF_KERAS_DIR=str(where.keras_dir),
-        PROOF_KERAS_VERSION=where.keras_version,
-    )
+    env[plugin.KERAS_DIR_ENV] = str(where.keras_dir)
+    env[plugin.KERAS_VERSION_ENV] = where.keras_version
     unit = group.unit
     if unit is not None:
         env.update(_unit_selection(group))
