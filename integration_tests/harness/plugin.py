@@ -36,12 +36,11 @@ def freeze_heap() -> None:
 
     ``clear_session`` runs ``gc.collect()`` before and after every test.
     Unfrozen, each collection walks the whole heap, the backend's modules
-    and what earlier tests left in caches included (180,000 to 410,000
-    objects): 0.1 to 0.5 s, about 1 s a test on TensorFlow. Frozen after
+    and what earlier tests left in caches included; frozen after
     collection and after each test's last collection, it walks only what
-    the running test made: a few ms. Frozen objects were all reachable
-    then; one that becomes garbage later stays in memory (a TensorFlow
-    ``mirrored-2`` run peaked at 1.2 GB either way).
+    the running test made (what that saves: ``bench-matrix``,
+    docs/test-run.md). Frozen objects were all reachable then; one that
+    becomes garbage later stays in memory.
     """
     if os.environ.get(GC_FREEZE_ENV, "1") != "0":
         gc.freeze()

@@ -144,8 +144,7 @@ def _collectives(graph) -> dict | None:
 
 def run_alone(layout, base, accelerator, cases, console, prs=None):
     """Counts the collectives per step of each PR of ``base`` (or of the
-    PRs numbered in ``prs``) applied alone to stock (issue 38: "count
-    collectives per step on master, with and without each PR alone"), for
+    PRs numbered in ``prs``) applied alone to stock, for
     the step cases that report them (``bench.worker``: TensorFlow's
     reductions while tracing, JAX's HLO collectives, the torch process
     group's collectives in a ``fit()`` over processes; torch's one-process

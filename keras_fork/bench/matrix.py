@@ -2,11 +2,11 @@
 in several ways, one after the other in one invocation on the same machine,
 with the same cells and slots (``WAYS``):
 
-- ``per cell``: one pytest process per cell, as before issue 21;
+- ``per cell``: one pytest process per cell;
 - ``grouped, no gc.freeze``: one per base, variant, backend and
   topology, the garbage collector walking the whole heap (the backend's
   included) before and after each test (the harness's
-  ``PROOF_GC_FREEZE=0``), as before 2026-11-26;
+  ``PROOF_GC_FREEZE=0``);
 - ``grouped``: as ``prove`` runs it now.
 
 Prints each way's processes, wall time, verdict totals and its ratio to

@@ -8,10 +8,10 @@ of that commit and, where patch ``k`` has tests,
 installs it into a scratch folder and runs, from the Keras test files that
 patch ``k`` touches, the tests it adds, on every backend that runs the
 file: each patch is tested where it lands, with all the patches before it.
-``--whole-files`` runs every test of those files instead (about 13 minutes
-on 2 cores for the 3.15.1 series: trainer_test.py at prefix 2 is most of
-it); CI runs the added tests, and the whole files on the full series, where
-the proof matrix's ``unit`` cells run every test file the series touches.
+``--whole-files`` runs every test of those files instead (its time:
+docs/test-run.md); CI runs the added tests, and the whole files on the full
+series, where the proof matrix's ``unit`` cells run every test file the
+series touches.
 """
 
 from __future__ import annotations
@@ -265,8 +265,8 @@ def _touches_packaging(patch: Path) -> bool:
 def _compiles(tree: Path, patch: Path) -> None:
     """Byte-compiles the Python files ``patch`` leaves in ``tree``: a
     prefix with no test to run is checked this way, not by building its
-    wheel (about 15 s each, the same ``pyproject.toml`` every time, since
-    ``_touches_packaging`` builds those that change it).
+    wheel from the same ``pyproject.toml`` every time (``_touches_packaging``
+    builds those that change it).
 
     Raises:
         ForkError: a file does not compile (its error).
@@ -318,8 +318,7 @@ def add_arguments(p) -> None:
         "--whole-files",
         action="store_true",
         help="run every test of each prefix's touched test files, not only "
-        "the tests its newest patch adds (about 13 minutes on 2 cores for "
-        "the 3.15.1 series, trainer_test.py at prefix 2 most of it)",
+        "the tests its newest patch adds (much longer: docs/test-run.md)",
     )
 
 

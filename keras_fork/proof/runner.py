@@ -44,11 +44,10 @@ GRACE = 60.0
 
 # Upstream test files whose whole run on the fork, the unit cells' check
 # that upstream's own tests still pass, is left to one backend: on the
-# others the fork runs the tests the patches add to them, as on stock.
-# trainer_test.py's whole run took 270 to 510 s on TensorFlow and about
-# 400 s on torch (half of it torch.compile cases) of 2-core CI time, 138 s
-# on JAX (docs/test-run.md). Its whole file still runs on JAX here, and on
-# every backend with ``python -m keras_fork regressions`` and ``bisect
+# others the fork runs the tests the patches add to them, as on stock
+# (trainer_test.py's whole run costs most on TensorFlow and torch:
+# docs/test-run.md). Its whole file still runs on JAX here, and on every
+# backend with ``python -m keras_fork regressions`` and ``bisect
 # --whole-files``.
 WHOLE_ON = {"trainer_test.py": ("jax",)}
 

@@ -12,7 +12,8 @@ repo holds both pristine trees), in ``build/rebase/NEW``:
 * a patch that becomes empty on NEW (its change is already upstream) also
   stops: it drops out of the series only by a person's decision, with the
   evidence the fix catalog asks for (its proving tests pass on stock NEW,
-  its ``fix.toml`` names the upstream commit or PR; issue 24), never
+  its ``fix.toml`` names the upstream commit or PR; docs/adding-a-fix.md),
+  never
   silently (``--reapply-cherry-picks --empty=ask``);
 * only a finished rebase writes ``patches/NEW/`` (``series.export``: staged
   beside it and renamed whole); ``patches/`` and OLD's series are never

@@ -213,9 +213,9 @@ def not_alone(tree: Path, patches: list[Path]) -> list[str]:
 
     Upstream takes one PR at a time against master, so each PR of a master
     series must apply on master by itself, not only after the PRs before it
-    in the series (issue 24). Test files the tree lacks are left out (see
-    ``missing_tests``). ``tree`` is not modified: each patch is checked with
-    ``git apply --cached --check`` against a temporary index of
+    in the series (docs/upstream.md). Test files the tree lacks are left
+    out (see ``missing_tests``). ``tree`` is not modified: each patch is
+    checked with ``git apply --cached --check`` against a temporary index of
     ``pristine``.
 
     Raises:

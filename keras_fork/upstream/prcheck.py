@@ -1,7 +1,7 @@
 """Each PR of a series, alone, on a Keras git checkout: does it apply, and
 do its unit tests pass there? (``python -m keras_fork pr-check``)
 
-Upstream takes one PR at a time against master (issue 24). A series is
+Upstream takes one PR at a time against master (docs/upstream.md). A series is
 built as a chain on its sdist, and ``build`` already checks that each
 patch of the master series applies alone on the pristine nightly, source
 hunks only: the nightly sdist ships no test files. This verb checks the

@@ -5,7 +5,7 @@ A series is a chain: patch k's hunks in a test file are written against
 that file as patches 1..k-1 left it. Most PRs append their tests at the
 end of the same class (``distribute_test.py``), so patch k's context is
 patch k-1's last test and it does not apply alone on master, which is
-how upstream takes PRs (issue 24). For a base without test files (the
+how upstream takes PRs (docs/upstream.md). For a base without test files (the
 nightly), the test hunks are only ever applied to a checkout, so they
 can be rewritten against it: for each patch and test file, the change
 patch k makes to the file (``before`` -> ``after`` in the chain) is

@@ -17,7 +17,7 @@ dependency (named) or a failure of upstream itself. JUnit XML of both
 sides and ``regressions.json`` go to ``dist/regressions/<V>/``. The exit
 status is 1 on any regression or one-sided test or collection error.
 
-Which files: by default (``DEFAULT_DIRS``, issue 22) the test files beside
+Which files: by default (``DEFAULT_DIRS``) the test files beside
 every source file the series touches, the touched test files themselves,
 and the trainers, models, losses, normalization layers, random,
 distribution, optimizers and ``backend/<B>`` folders; ``--modules`` names
