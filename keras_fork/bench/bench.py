@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 
-from integration_tests.harness import options
+from integration_tests.harness import options as cell_options
+from keras_fork import options
 from keras_fork.bench import counts
 from keras_fork.bench import lockstep
 from keras_fork.bench import suite
@@ -36,7 +37,7 @@ DOCS_FILE = "benchmarks.md"
 
 def add_arguments(p) -> None:
     """The ``bench`` verb's filters and options."""
-    p.add_argument("--base", default=None, help="base version (default: all)")
+    options.add_bases(p)
     p.add_argument(
         "--rounds",
         type=int,
@@ -49,7 +50,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--topology", action="append", help="only this topology (e.g. 1)"
     )
-    options.add_accelerator(
+    cell_options.add_accelerator(
         p, "the steps", "the GPUs where torch or jax sees one"
     )
     p.add_argument(
@@ -121,7 +122,7 @@ def _measure_bases(args, layout, accelerator, cases, console):
     """One document a selected base (that any of ``cases`` runs on:
     ``cases_on_base``): ``run_work`` with ``--work``, else ``run``."""
     docs = []
-    for b in pins.select_bases(layout, [args.base] if args.base else None):
+    for b in pins.select_bases(layout, args.base):
         cases_b = suite.cases_on_base(cases, b.version)
         if not cases_b:
             console.print(f"skipped {b.version}: no selected case runs on it")
