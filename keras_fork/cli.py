@@ -52,7 +52,7 @@ VERBS = {
         "the fix tests against the installed keras",
     ),
     "bisect": ("keras_fork.proof.bisect", "every series prefix builds, passes"),
-    "fixes": ("keras_fork.proof.catalog", "the fix catalog and its cells"),
+    "fixes": ("keras_fork.proof.fixes", "the fix catalog and its cells"),
     "timings": ("keras_fork.proof.timings", "where a test run's time went"),
     "bench": ("keras_fork.bench.bench", "fork/stock step time and work"),
     "bench-matrix": (

@@ -9,7 +9,7 @@ import pytest
 
 from integration_tests.harness import topologies
 from integration_tests.harness import workers
-from keras_fork.proof import fixes
+from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import variants
 
 
@@ -39,7 +39,9 @@ def test_every_replica_is_a_gpu_and_jax_8_needs_two():
     for backend in ("jax", "tensorflow", "torch"):
         assert topologies.gpus_needed(backend, "1") == 1
         assert (
-            topologies.gpus_needed(backend, fixes.device_topology(fixes.UNIT))
+            topologies.gpus_needed(
+                backend, cells_lib.device_topology(cells_lib.UNIT)
+            )
             == 1
         )
     with pytest.raises(KeyError):
@@ -68,7 +70,9 @@ def test_visible_gpus_are_what_nvidia_smi_lists(
 
 
 def _cell(backend, topology, expect="proven", reason=""):
-    return fixes.Cell("3.15.1", "f", "#1", backend, topology, expect, reason)
+    return cells_lib.Cell(
+        "3.15.1", "f", "#1", backend, topology, expect, reason
+    )
 
 
 def test_cells_short_of_gpus_are_na_with_the_counts():
@@ -80,7 +84,7 @@ def test_cells_short_of_gpus_are_na_with_the_counts():
         _cell("jax", "8"),
         _cell("jax", "procs-2", "n/a", "no 2-process test"),
     ]
-    two = fixes.short_of_gpus(cells, 2)
+    two = cells_lib.short_of_gpus(cells, 2)
     assert [c.expect for c in two] == [
         "proven",
         "guard",
@@ -91,10 +95,10 @@ def test_cells_short_of_gpus_are_na_with_the_counts():
     ]
     assert two[2].reason == "needs 4 GPUs; this machine has 2"
     assert two[5].reason == "no 2-process test"  # its own reason stands
-    one = fixes.short_of_gpus(cells, 1)
+    one = cells_lib.short_of_gpus(cells, 1)
     assert [c.expect for c in one] == ["proven"] + ["n/a"] * 5
     assert one[4].reason == "needs 2 GPUs; this machine has 1"
-    assert fixes.short_of_gpus(cells, 8) == cells
+    assert cells_lib.short_of_gpus(cells, 8) == cells
 
 
 @pytest.mark.parametrize(

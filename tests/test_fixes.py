@@ -10,7 +10,7 @@ import pytest
 
 from keras_fork import cli
 from keras_fork.errors import ForkError
-from keras_fork.proof import catalog
+from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import fixes
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
@@ -22,11 +22,11 @@ LAYOUT = pins.Layout.default()
 def test_the_fix_folders_and_the_series_agree():
     """Every Fork-Fix trailer names a fix folder, every fix has a patch on
     a base it lists, and every fix has a cell for every topology."""
-    assert catalog.problems(LAYOUT) == []
+    assert fixes.problems(LAYOUT) == []
 
 
 def test_every_fix_is_proven_somewhere_and_valid():
-    cells = fixes.load_matrix(LAYOUT.fixes)
+    cells = cells_lib.load_matrix(LAYOUT.fixes)
     bases = pins.load_bases(LAYOUT)
     ids = {c.fix for c in cells}
     assert len(ids) == len(list(LAYOUT.fixes.glob("*/fix.toml")))
@@ -39,7 +39,7 @@ def test_every_fix_is_proven_somewhere_and_valid():
 
 
 def test_every_fix_folder_holds_its_own_marked_tests():
-    for fix in fixes.load_fixes(LAYOUT.fixes):
+    for fix in cells_lib.load_fixes(LAYOUT.fixes):
         source = "".join(p.read_text() for p in fix.folder.glob("test_*.py"))
         marked = set(re.findall(r'pytest\.mark\.fix\(\s*"([\w-]+)"', source))
         assert marked == {fix.id}, (fix.folder, marked)
@@ -78,7 +78,7 @@ def test_a_trailer_typo_a_fix_without_patch_and_a_missing_cell_are_named(
     patch = layout.patches / "3.15.1" / name
     toml = layout.fixes / "replica_rng" / "fix.toml"
     toml.write_text(toml.read_text().replace('"torch/ddp-2" = "guard"\n', ""))
-    found = "\n".join(catalog.problems(layout))
+    found = "\n".join(fixes.problems(layout))
     assert f"{patch.name}: Fork-Fix: uneven-bacth names no fix folder" in found
     assert "fix uneven-batch: no patch on any base" in found
     assert "fix replica-rng on 3.15.1: no cell for ['torch/ddp-2']" in found
@@ -106,13 +106,13 @@ def _fix_toml(tmp_path, cells, extra="", folder="f"):
 )
 def test_bad_cells_are_refused(tmp_path, cell, error):
     with pytest.raises(ForkError, match=re.escape(error)):
-        fixes.load_matrix(_fix_toml(tmp_path, cell))
+        cells_lib.load_matrix(_fix_toml(tmp_path, cell))
 
 
 def test_a_folder_not_named_after_its_fix_is_refused(tmp_path):
     folder = _fix_toml(tmp_path, '"jax/1" = "guard"', folder="g")
     with pytest.raises(ForkError, match="must be named 'f'"):
-        fixes.load_fixes(folder)
+        cells_lib.load_fixes(folder)
 
 
 def test_shared_reasons_and_base_cells(tmp_path):
@@ -123,7 +123,7 @@ def test_shared_reasons_and_base_cells(tmp_path):
     )
     got = {
         (c.base, c.topology): (c.expect, c.reason)
-        for c in fixes.load_matrix(folder)
+        for c in cells_lib.load_matrix(folder)
     }
     assert got == {
         ("3.7.0", "1"): ("proven", ""),
@@ -133,16 +133,16 @@ def test_shared_reasons_and_base_cells(tmp_path):
     }
     _fix_toml(tmp_path, '"jax/1" = "guard"', '[base_cells."9.9.9"]\n')
     with pytest.raises(ForkError, match="not in its bases"):
-        fixes.load_matrix(folder)
+        cells_lib.load_matrix(folder)
 
 
 def test_missing_cells_name_each_topology():
-    fix = fixes.load_fixes(LAYOUT.fixes)[0]
+    fix = cells_lib.load_fixes(LAYOUT.fixes)[0]
     table = dict(fix.cells)
     first = next(iter(table))
     table[first] = {"jax/1": "guard"}
-    missing = fixes.missing_cells(dataclasses.replace(fix, cells=table))
-    assert len(missing[first]) == len(fixes.cell_keys()) - 1
+    missing = cells_lib.missing_cells(dataclasses.replace(fix, cells=table))
+    assert len(missing[first]) == len(cells_lib.cell_keys()) - 1
 
 
 def test_fixes_json_lists_every_fix_named_by_a_trailer(capsys):
@@ -170,7 +170,7 @@ def test_fixes_check_fails_on_a_planted_problem(tmp_path, capsys):
         'id = "extra-fix"\nissue = "x#1"\nbases = ["3.15.1"]\nsummary = "s"\n'
     )
     args = cli.parser().parse_args(["fixes", "--check"])
-    assert catalog.main(args, layout) == 1
+    assert fixes.main(args, layout) == 1
     assert "fix extra-fix: no patch on any base" in capsys.readouterr().out
 
 
@@ -192,19 +192,19 @@ def _filters(**given):
 def test_an_unknown_filter_value_is_named_with_the_valid_ones(
     given, named, valid
 ):
-    matrix = fixes.load_matrix(LAYOUT.fixes)
+    matrix = cells_lib.load_matrix(LAYOUT.fixes)
     with pytest.raises(ForkError, match="unknown") as e:
-        fixes.select(matrix, _filters(**given))
+        cells_lib.select(matrix, _filters(**given))
     assert named in str(e.value) and valid in str(e.value)
 
 
 def test_a_fix_filtered_off_its_bases_names_where_its_cells_are():
-    matrix = fixes.load_matrix(LAYOUT.fixes)
+    matrix = cells_lib.load_matrix(LAYOUT.fixes)
     torch_only = {c.base for c in matrix if c.fix == "torch-uneven-steps"}
     assert "3.7.0" not in torch_only
     args = _filters(base=["3.7.0"], fix=["torch-uneven-steps"])
     with pytest.raises(ForkError) as e:
-        fixes.select(matrix, args)
+        cells_lib.select(matrix, args)
     message = str(e.value)
     assert "no matrix cell matches --base 3.7.0 --fix torch-uneven-steps" in (
         message
@@ -213,8 +213,8 @@ def test_a_fix_filtered_off_its_bases_names_where_its_cells_are():
 
 
 def test_filters_that_match_select_those_cells_only():
-    matrix = fixes.load_matrix(LAYOUT.fixes)
-    chosen = fixes.select(
+    matrix = cells_lib.load_matrix(LAYOUT.fixes)
+    chosen = cells_lib.select(
         matrix, _filters(fix=["seeded-shuffle"], backend=["jax", "torch"])
     )
     assert chosen and {c.fix for c in chosen} == {"seeded-shuffle"}
@@ -222,32 +222,32 @@ def test_filters_that_match_select_those_cells_only():
 
 
 def test_skip_topology_leaves_out_that_topology_only():
-    matrix = fixes.load_matrix(LAYOUT.fixes)
+    matrix = cells_lib.load_matrix(LAYOUT.fixes)
     args = _filters(backend=["tensorflow"])
     args.skip_topology = ["mirrored-4"]
-    chosen = fixes.select(matrix, args)
+    chosen = cells_lib.select(matrix, args)
     every = {c.topology for c in matrix if c.backend == "tensorflow"}
     assert {c.topology for c in chosen} == every - {"mirrored-4"}
     args.skip_topology = ["mirrored-5"]
     with pytest.raises(ForkError, match="--skip-topology 'mirrored-5'"):
-        fixes.select(matrix, args)
+        cells_lib.select(matrix, args)
     both = _filters(topology=["mirrored-4"])
     both.skip_topology = ["mirrored-4"]
     with pytest.raises(ForkError, match="--skip-topology mirrored-4"):
-        fixes.select(matrix, both)
+        cells_lib.select(matrix, both)
 
 
 def test_catalog_counts_a_problem_verdict_under_its_own_name():
     fix = next(
         f
-        for f in fixes.load_fixes(LAYOUT.fixes)
-        if any(c.expect == "guard" for c in fixes.fix_cells(f))
+        for f in cells_lib.load_fixes(LAYOUT.fixes)
+        if any(c.expect == "guard" for c in cells_lib.fix_cells(f))
     )
-    cells = fixes.fix_cells(fix)
+    cells = cells_lib.fix_cells(fix)
     proof = {c.key: {"verdict": c.expect} for c in cells}
     guard = next(c for c in cells if c.expect == "guard")
     proof[guard.key] = {"verdict": "guard-failed-on-stock"}
-    counted = catalog.counts(fix, proof)
+    counted = fixes.counts(fix, proof)
     assert counted["guard-failed-on-stock"] == 1
     assert counted["guard"] == sum(c.expect == "guard" for c in cells) - 1
     assert counted["source"] == "dist/proof.json"
@@ -263,7 +263,7 @@ def test_a_running_cell_whose_prerequisites_share_its_patch_is_named(
     toml.write_text(
         toml.read_text() + '\n[prerequisites]\n"jax/1" = ["shuffle-epochs"]\n'
     )
-    found = catalog.problems(layout)
+    found = fixes.problems(layout)
     master = "3.16.0.dev2026102704-seeded-shuffle-jax-1"
     assert [line.split(":")[0] for line in found] == [master]
     assert "also carries seeded-shuffle" in found[0]

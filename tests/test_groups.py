@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from keras_fork.bench import matrix
-from keras_fork.proof import fixes
+from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import groups
 from keras_fork.proof import prove
 from keras_fork.proof import runner
@@ -61,7 +61,8 @@ def fake_fixes(tmp_path):
 
 def _plan(tmp_path, fixes_wanted, variants):
     cells = [
-        fixes.Cell("1.0", fix, "", "jax", "1", "guard") for fix in fixes_wanted
+        cells_lib.Cell("1.0", fix, "", "jax", "1", "guard")
+        for fix in fixes_wanted
     ]
     keras_dir = tmp_path / "keras"
     keras_dir.mkdir(exist_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from keras_fork.bench import tables
-from keras_fork.proof import catalog
+from keras_fork.proof import fixes
 from keras_fork.proof import prove
 from keras_fork.recipe import pins
 
@@ -91,26 +91,26 @@ def _between(text: str, begin: str, end: str) -> str:
 def test_readme_blocks_are_generated_from_the_fix_folders():
     """Stale after a fix folder changed: run
     ``python -m keras_fork fixes --readme``."""
-    rows = catalog.catalog(pins.Layout.default(), with_proof=False)
+    rows = fixes.catalog(pins.Layout.default(), with_proof=False)
     text = (ROOT / "README.md").read_text()
-    table = _between(text, catalog.README_BEGIN, catalog.README_END)
-    assert table == "\n" + catalog.readme_table(rows)
-    notices_doc = (ROOT / "docs" / catalog.NOTICES_DOC).read_text()
-    notices = _between(notices_doc, catalog.NOTICES_BEGIN, catalog.NOTICES_END)
-    assert notices == "\n" + catalog.notices(rows)
+    table = _between(text, fixes.README_BEGIN, fixes.README_END)
+    assert table == "\n" + fixes.readme_table(rows)
+    notices_doc = (ROOT / "docs" / fixes.NOTICES_DOC).read_text()
+    notices = _between(notices_doc, fixes.NOTICES_BEGIN, fixes.NOTICES_END)
+    assert notices == "\n" + fixes.notices(rows)
 
 
 def test_fork_numbers_and_patch_counts_are_generated():
     """README's install commands and docs/upstream.md's series table come
     from bases.toml and patches/ (``fixes --readme``), so they cannot go
     stale; nothing else in either names a fork build number."""
-    bases = catalog.series_rows(pins.Layout.default())
+    bases = fixes.series_rows(pins.Layout.default())
     readme = (ROOT / "README.md").read_text()
-    block = _between(readme, catalog.INSTALL_BEGIN, catalog.INSTALL_END)
-    assert block == "\n" + catalog.install_block(bases)
-    upstream = (ROOT / "docs" / catalog.UPSTREAM_DOC).read_text()
-    table = _between(upstream, catalog.SERIES_BEGIN, catalog.SERIES_END)
-    assert table == "\n" + catalog.series_table(bases)
+    block = _between(readme, fixes.INSTALL_BEGIN, fixes.INSTALL_END)
+    assert block == "\n" + fixes.install_block(bases)
+    upstream = (ROOT / "docs" / fixes.UPSTREAM_DOC).read_text()
+    table = _between(upstream, fixes.SERIES_BEGIN, fixes.SERIES_END)
+    assert table == "\n" + fixes.series_table(bases)
     for text, block in ((readme, block), (upstream, table)):
         rest = text.replace(block, "")
         assert not re.findall(r"\+fork\.\d+", rest)
@@ -120,9 +120,9 @@ def test_the_master_pr_sizes_are_generated():
     """docs/upstream.md's PR sizes come from the series (``fixes
     --readme``), in submission order, so they cannot go stale."""
     layout = pins.Layout.default()
-    upstream = (ROOT / "docs" / catalog.UPSTREAM_DOC).read_text()
-    table = _between(upstream, catalog.PR_SIZES_BEGIN, catalog.PR_SIZES_END)
-    assert table == "\n" + catalog.pr_sizes_table(layout)
+    upstream = (ROOT / "docs" / fixes.UPSTREAM_DOC).read_text()
+    table = _between(upstream, fixes.PR_SIZES_BEGIN, fixes.PR_SIZES_END)
+    assert table == "\n" + fixes.pr_sizes_table(layout)
 
 
 @pytest.mark.parametrize(

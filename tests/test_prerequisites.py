@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from keras_fork.errors import ForkError
-from keras_fork.proof import fixes
+from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import groups
 from keras_fork.proof import prove
 from keras_fork.proof import variants
@@ -37,7 +37,7 @@ def test_a_cell_s_stock_side_carries_its_declared_prerequisites(tmp_path):
         f'\n[prerequisites]\n"{MW}" = ["enabler"]\n\n'
         f'[base_prerequisites."2.0"]\n"{MW}" = []\n',
     )
-    cells = {(c.fix, c.base): c for c in fixes.load_matrix(tmp_path)}
+    cells = {(c.fix, c.base): c for c in cells_lib.load_matrix(tmp_path)}
     assert cells["needy", "1.0"].needs == ("enabler",)
     assert cells["needy", "1.0"].stock_side == "stock+enabler"
     assert cells["needy", "2.0"].stock_side == "stock"  # [] on 2.0
@@ -57,14 +57,14 @@ def test_bad_prerequisites_are_refused_by_name(tmp_path, table, message):
     _write_fix(tmp_path, "enabler")
     _write_fix(tmp_path, "needy", f"\n[prerequisites]\n{table}\n")
     with pytest.raises(ForkError, match=message):
-        fixes.load_matrix(tmp_path)
+        cells_lib.load_matrix(tmp_path)
 
 
 def test_stock_runs_apart_by_prerequisites_and_the_fork_runs_once():
-    plain = fixes.Cell(
+    plain = cells_lib.Cell(
         "1.0", "a", "x#1", "tensorflow", "multiworker-2", "proven"
     )
-    needy = fixes.Cell(
+    needy = cells_lib.Cell(
         "1.0", "b", "x#1", "tensorflow", "multiworker-2", "proven", "", ("a",)
     )
     planned = groups.plan_groups([plain, needy], {}, ["stock", "fork"])
@@ -168,7 +168,7 @@ def test_a_prerequisite_that_needs_an_earlier_patch_makes_the_cell_na(
     layout, base, (_, helper) = two_fixes
     block = "diff --git a/keras/src/helper.py"
     helper.write_text(helper.read_text().replace(block, AFTER_REVERSE + block))
-    cell = fixes.Cell(
+    cell = cells_lib.Cell(
         base.version,
         "z",
         "x#1",

@@ -17,7 +17,7 @@ from integration_tests.harness import selection
 from integration_tests.harness import topologies
 from keras_fork import process
 from keras_fork.errors import ForkError
-from keras_fork.proof import fixes
+from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import groups
 from keras_fork.proof import prove
 from keras_fork.proof import runner
@@ -43,7 +43,7 @@ from keras_fork.recipe import pins
     ],
 )
 def test_verdicts(expect, stock, fork, stock_passed, want):
-    assert fixes.verdict(expect, stock, fork, stock_passed) == want
+    assert cells_lib.verdict(expect, stock, fork, stock_passed) == want
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_verdicts(expect, stock, fork, stock_passed, want):
 def test_a_proof_test_skipped_on_stock_but_run_on_the_fork_is_vacuous(
     expect, stock, skipped, fork_passed, want
 ):
-    got = fixes.verdict(
+    got = cells_lib.verdict(
         expect, stock, "pass", stock_skipped=skipped, fork_passed=fork_passed
     )
     assert got == want
@@ -79,7 +79,7 @@ def _settled(tmp_path, monkeypatch, expect, outcomes):
             "</testcase>"
         )
 
-    cell = fixes.Cell("3.15.1", "f", "", "jax", "1", expect)
+    cell = cells_lib.Cell("3.15.1", "f", "", "jax", "1", expect)
     plan = SimpleNamespace(cells=[cell], units={})
     rows = {cell.key: prove.new_row(cell, "cpu", {}, plan, ["stock", "fork"])}
     console = Console(quiet=True)
@@ -182,19 +182,19 @@ def test_local_part_rebuilds_the_global_batches():
 
 
 def test_filters_select_cells_and_refuse_empty_selection():
-    cells = fixes.load_matrix(pins.Layout.default().fixes)
+    cells = cells_lib.load_matrix(pins.Layout.default().fixes)
     args = SimpleNamespace(base=None, fix=None, backend=["jax"], topology=["8"])
-    chosen = fixes.select(cells, args)
+    chosen = cells_lib.select(cells, args)
     assert chosen and all(
         (c.backend, c.topology) == ("jax", "8") for c in chosen
     )
     args.backend = ["no-such-backend"]
     with pytest.raises(ForkError, match="unknown --backend 'no-such-backend'"):
-        fixes.select(cells, args)
+        cells_lib.select(cells, args)
     args.base, args.fix = ["3.7.0"], ["torch-uneven-steps"]
     args.backend = None
     with pytest.raises(ForkError, match="no matrix cell matches"):
-        fixes.select(cells, args)
+        cells_lib.select(cells, args)
 
 
 def test_multi_device_topologies_set_devices_before_the_backend_starts():
@@ -424,7 +424,7 @@ def test_unit_cells_share_one_run_per_backend_and_variant(
     tmp_path, monkeypatch
 ):
     def cell(fix, backend):
-        return fixes.Cell("3.15.1", fix, "", backend, "unit", "proven")
+        return cells_lib.Cell("3.15.1", fix, "", backend, "unit", "proven")
 
     a, b, c = Path("a_test.py"), Path("b_test.py"), Path("c_test.py")
     cells = [cell("f1", "tensorflow"), cell("f2", "tensorflow")]
@@ -484,7 +484,7 @@ def test_integration_cells_share_one_run_and_keep_their_own_cases(
     tmp_path, monkeypatch
 ):
     def cell(fix, topology="1", expect="proven"):
-        return fixes.Cell("3.15.1", fix, "", "jax", topology, expect)
+        return cells_lib.Cell("3.15.1", fix, "", "jax", topology, expect)
 
     cells = [
         cell("f1"),
@@ -524,7 +524,7 @@ def test_integration_cells_share_one_run_and_keep_their_own_cases(
 
 def test_a_run_that_dies_names_its_culprit_and_reruns_the_others():
     def cell(fix):
-        return fixes.Cell("3.15.1", fix, "", "jax", "1", "proven")
+        return cells_lib.Cell("3.15.1", fix, "", "jax", "1", "proven")
 
     group = groups.plan_groups(
         [cell("f-1"), cell("f-2"), cell("f-3")], {}, ["stock"]

@@ -15,8 +15,8 @@ import pytest
 
 from keras_fork import cli
 from keras_fork.errors import ForkError
-from keras_fork.proof import catalog
-from keras_fork.proof import fixes as fixes_lib
+from keras_fork.proof import cells as cells_lib
+from keras_fork.proof import fixes
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist
@@ -350,7 +350,7 @@ def _master_matrix(layout) -> list[dict]:
             "verdict": c.expect,
             "stock_side": c.stock_side,
         }
-        for c in fixes_lib.load_matrix(layout.fixes)
+        for c in cells_lib.load_matrix(layout.fixes)
         if c.base == MASTER
     ]
 
@@ -530,7 +530,7 @@ def test_the_docs_self_review_follows_submission_toml():
     order = submission.read_submission(layout, base)
     assert "shuffle" in order[0].name
     docs = (layout.docs / "upstream.md").read_text()
-    assert catalog.review_table(layout) in docs
+    assert fixes.review_table(layout) in docs
 
 
 def test_line_counts_split_keras_test_files_from_the_rest(tmp_path):

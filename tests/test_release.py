@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from keras_fork.proof import catalog
+from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import fixes
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
@@ -211,7 +211,7 @@ def _documented_commands(wheel_name: str) -> list[list[str]]:
     """The README's install commands for one wheel, as argument lists: the
     uninstall of keras-nightly, then that wheel's ``pip install``."""
     readme = (pins.CODE_ROOT / "README.md").read_text()
-    block = readme.split(catalog.INSTALL_BEGIN)[1].split(catalog.INSTALL_END)[0]
+    block = readme.split(fixes.INSTALL_BEGIN)[1].split(fixes.INSTALL_END)[0]
     lines = [
         line.partition("#")[0].strip()
         for line in block.splitlines()
@@ -240,7 +240,7 @@ def test_the_tests_wheel_verifies_stock_and_fork_as_the_cells_say(tmp_path):
     (tests_wheel,) = LAYOUT.dist.glob("keras_fork_tests-*.whl")
     cells = {
         c.fix: c.expect
-        for c in fixes.load_matrix(LAYOUT.fixes)
+        for c in cells_lib.load_matrix(LAYOUT.fixes)
         if (c.base, c.backend, c.topology) == (base.version, "jax", "1")
     }
     assert {f: cells[f] for f in VERIFY_CELLS} == VERIFY_CELLS

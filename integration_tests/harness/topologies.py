@@ -79,7 +79,7 @@ MULTI_PROCESS = {
     ("torch", "dp-2"),
 }
 # The upstream-style unit tests of the patches are not a topology but a kind
-# of test (``keras_fork.proof.fixes.UNIT``), run on topology ``1``.
+# of test (``keras_fork.proof.cells.UNIT``), run on topology ``1``.
 
 
 # With ``--accelerator gpu`` every replica is a GPU: a process-per-replica

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from integration_tests.harness import topologies
 from integration_tests.harness.selection import is_added_test
-from keras_fork.proof.fixes import Cell
+from keras_fork.proof.cells import Cell
 from keras_fork.recipe import pins
 
 

@@ -40,12 +40,12 @@ from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
 from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
-from keras_fork.proof import catalog
-from keras_fork.proof import fixes as fixes_lib
+from keras_fork.proof import cells as cells_lib
+from keras_fork.proof import fixes
 from keras_fork.proof import groups as groups_lib
 from keras_fork.proof import runner
 from keras_fork.proof import variants as variants_lib
-from keras_fork.proof.fixes import Cell
+from keras_fork.proof.cells import Cell
 from keras_fork.proof.variants import VARIANTS
 from keras_fork.recipe import pins
 
@@ -81,19 +81,19 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
         ForkError: no cell matches, an unknown base, a missing wheel, or a
             failed install.
     """
-    found = catalog.problems(layout)
+    found = fixes.problems(layout)
     if found:
         raise ForkError(
             "the fix folders and the series disagree (python -m keras_fork "
             "fixes --check):\n  " + "\n  ".join(found)
         )
-    cells = fixes_lib.select(fixes_lib.load_matrix(layout.fixes), args)
+    cells = cells_lib.select(cells_lib.load_matrix(layout.fixes), args)
     accelerator = args.accelerator
     if accelerator == "auto":
         accelerator = variants_lib.detect_accelerator()
     if accelerator == "gpu":
         gpus = len(topologies.visible_gpus())
-        cells = fixes_lib.short_of_gpus(cells, gpus)
+        cells = cells_lib.short_of_gpus(cells, gpus)
     bases = {c.base: pins.get_base(layout, c.base) for c in cells}
     installed = {
         v: variants_lib.install_variants(layout, b) for v, b in bases.items()
@@ -106,7 +106,7 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
     units = {
         c.key: groups_lib.unit_tests(layout, bases[c.base], c.fix)
         for c in cells
-        if c.topology == fixes_lib.UNIT and c.expect != "n/a"
+        if c.topology == cells_lib.UNIT and c.expect != "n/a"
     }
     jobs = getattr(args, "jobs", None) or runner.default_jobs(accelerator)
     todo = groups_lib.plan_groups(cells, units, args.variant or list(VARIANTS))
@@ -310,7 +310,7 @@ def settle(p: Plan, rows: dict, console) -> None:
         # unit cell is proven when any of its added tests fails there.
         roles = {} if unit is not None else row["runs"]
         stock_roles, fork_roles = roles.get("stock", {}), roles.get("fork", {})
-        row["verdict"] = fixes_lib.verdict(
+        row["verdict"] = cells_lib.verdict(
             cell.expect,
             row["stock"],
             row["fork"],
@@ -320,7 +320,7 @@ def settle(p: Plan, rows: dict, console) -> None:
         )
         if row["verdict"] == "n/a" and not row["reason"]:
             row["reason"] = "a variant was not run"
-        if row["verdict"] == fixes_lib.GUARD_FAILED:
+        if row["verdict"] == cells_lib.GUARD_FAILED:
             row["reason"] = f"stock: {stock_run.get('detail', '')}"
 
 
@@ -342,7 +342,7 @@ def write_outputs(layout, rows, accelerator: str, docs: bool, runs=()):
 def totals_line(rows: list[dict]) -> str:
     """``"83 proven, 42 guard, 91 n/a, 0 vacuous, 0 guard-failed-on-stock,
     0 broken"`` of ``rows``."""
-    names = fixes_lib.VERDICTS
+    names = cells_lib.VERDICTS
     counts = {n: sum(r["verdict"] == n for r in rows) for n in names}
     return ", ".join(f"{counts[n]} {n}" for n in names)
 
@@ -393,7 +393,7 @@ def _why(row: dict) -> str:
     """Why a problem cell (``fixes.PROBLEMS``) is one, for ``_report``."""
     runs = row["runs"]
     why = "; ".join(f"{v}: {run['detail']}" for v, run in runs.items())
-    if row["verdict"] == fixes_lib.GUARD_FAILED:
+    if row["verdict"] == cells_lib.GUARD_FAILED:
         return f"declared guard, fails on {row['reason']}"
     if row["verdict"] != "vacuous":
         return why
@@ -401,7 +401,7 @@ def _why(row: dict) -> str:
     because = []
     if stock.get("passed_tests"):
         because.append(f"passes on stock: {', '.join(stock['passed_tests'])}")
-    skipped = fixes_lib.skipped_on_stock(stock, fork)
+    skipped = cells_lib.skipped_on_stock(stock, fork)
     if skipped:
         because.append(
             f"skipped on stock, passes on the fork: {', '.join(skipped)}"
@@ -415,7 +415,7 @@ def _report(ran: list[dict], console) -> int:
     line. Returns 1 when there is one, else 0."""
     from rich.markup import escape
 
-    bad = [r for r in ran if r["verdict"] in fixes_lib.PROBLEMS]
+    bad = [r for r in ran if r["verdict"] in cells_lib.PROBLEMS]
     for r in bad:
         console.print(
             f"[bold red]{r['verdict']}[/]: {r['base']} {r['fix']} "
@@ -449,7 +449,7 @@ def main(args, layout: pins.Layout) -> int:
     runs = execute(p, rows, args, layout, console)
     settle(p, rows, console)
     results = {**previous, **rows}
-    known = {c.key for c in fixes_lib.load_matrix(layout.fixes)}
+    known = {c.key for c in cells_lib.load_matrix(layout.fixes)}
     table = [r for k, r in sorted(results.items()) if k in known]
     write_outputs(layout, table, p.accelerator, args.docs, runs)
     _print_table(table)

@@ -30,8 +30,8 @@ from integration_tests.harness import selection
 from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
 from keras_fork.proof import groups
-from keras_fork.proof.fixes import Cell
-from keras_fork.proof.fixes import device_topology
+from keras_fork.proof.cells import Cell
+from keras_fork.proof.cells import device_topology
 from keras_fork.proof.groups import Group
 from keras_fork.proof.groups import UnitTests
 from keras_fork.proof.variants import child_env

@@ -41,7 +41,7 @@ from integration_tests.harness.run import pytest_command
 from integration_tests.harness.run import run_bounded
 from keras_fork import outputs
 from keras_fork.errors import ForkError
-from keras_fork.proof import fixes
+from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import variants
 from keras_fork.recipe import pins
 from keras_fork.recipe import series
@@ -145,7 +145,7 @@ def changed_tests(layout: pins.Layout, version: str) -> dict[str, str]:
     ``changed_upstream_tests`` on base ``version``."""
     return {
         test: f"{fix.id}: {why}"
-        for fix in fixes.load_fixes(layout.fixes)
+        for fix in cells_lib.load_fixes(layout.fixes)
         for test, why in fix.changed_upstream_tests.get(version, {}).items()
     }
 

@@ -165,7 +165,7 @@ def nightly_proofs(layout: pins.Layout, archive: Path, console) -> list[dict]:
     Raises:
         ForkError: the nightly could not be installed.
     """
-    from keras_fork.proof import fixes
+    from keras_fork.proof import cells as cells_lib
     from keras_fork.proof import runner
     from keras_fork.proof import variants
 
@@ -182,7 +182,7 @@ def nightly_proofs(layout: pins.Layout, archive: Path, console) -> list[dict]:
     newest = max(pins.load_bases(layout), key=Version)
     cells = [
         c
-        for c in fixes.load_matrix(layout.fixes)
+        for c in cells_lib.load_matrix(layout.fixes)
         if c.base == newest
         and c.expect == "proven"
         and c.topology in SINGLE_PROCESS
