@@ -87,16 +87,20 @@ def pip_download_sdist(requirement: str, dest: Path):
     )
 
 
-def pip_install(sources: list, target: Path):
+def pip_install(sources: list, target: Path, compile: bool = True):
     """Installs ``sources`` (wheels, sdists or folders) into the folder
     ``target`` (``pip install --target``), to be put first on a child
-    process's ``PYTHONPATH``.
+    process's ``PYTHONPATH``; without byte-compiling every module where
+    not ``compile`` (``--no-compile``: an install that one or two
+    processes import from compiles only what they import).
 
     Returns:
         The ``subprocess.CompletedProcess``, its output captured as text,
         whatever its exit status: the caller says what failed.
     """
-    return _pip("install", "--target", str(target), *map(str, sources))
+    no_compile = () if compile else ("--no-compile",)
+    target_args = ("--target", str(target), *no_compile)
+    return _pip("install", *target_args, *map(str, sources))
 
 
 def run_git(repo: Path | None, *args: str, env=None, input=None):

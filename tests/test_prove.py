@@ -589,28 +589,16 @@ def _names(runs):
     return [r.name for r in runs]
 
 
-def test_a_multi_process_run_shares_the_cpu_with_one_single_process_run():
-    assert runner.multi_process_slots(2, "cpu") == 1
-    assert runner.multi_process_slots(8, "cpu") == 7
-    m0, m1, s2, s3 = queue = _runs("m", "m", "s", "s")
-    # Nothing running: the first multi-process run and, beside it, the
-    # first single-process run; the second multi-process run waits.
-    assert _names(runner.runs_to_start(queue, [], 2, 1)) == ["m0", "s2"]
-    # One multi-process run at a time, whatever the free slots.
-    assert _names(runner.runs_to_start([m1, s3], [m0], 2, 1)) == ["s3"]
-    assert _names(runner.runs_to_start([m1, s3], [s2], 2, 1)) == ["m1"]
-    assert runner.runs_to_start([m1, s3], [m0, s2], 2, 1) == []
-
-
-def test_on_gpus_a_multi_process_run_holds_every_slot_and_is_not_starved():
-    assert runner.multi_process_slots(2, "gpu") == 2
-    s0, m1, s2 = _runs("s", "m", "s")
-    assert _names(runner.runs_to_start([s0, m1, s2], [], 2, 2)) == ["s0"]
+def test_a_multi_process_run_holds_every_slot_and_is_not_starved():
+    s0, m1, s2, s3 = _runs("s", "m", "s", "s")
+    assert _names(runner.runs_to_start([s0, m1, s2], [], 2)) == ["s0"]
     # While a multi-process run waits for every slot, the runs queued
     # after it wait too: the running ones drain, then it starts alone.
-    assert runner.runs_to_start([m1, s2], [s0], 2, 2) == []
-    assert _names(runner.runs_to_start([m1, s2], [], 2, 2)) == ["m1"]
-    assert runner.runs_to_start([s2], [m1], 2, 2) == []
+    assert runner.runs_to_start([m1, s2], [s0], 2) == []
+    assert _names(runner.runs_to_start([m1, s2], [], 2)) == ["m1"]
+    assert runner.runs_to_start([s2], [m1], 2) == []
+    # Single-process runs fill every slot.
+    assert _names(runner.runs_to_start([s2, s3], [], 2)) == ["s2", "s3"]
 
 
 def test_added_tests_select_their_parameterized_cases_not_substrings():

@@ -285,7 +285,8 @@ def _compiles(tree: Path, patch: Path) -> None:
 
 def _install(whl: Path, target: Path) -> None:
     """``pip install --no-deps --target`` of a prefix's wheel."""
-    proc = process.pip_install([whl], target)
+    # One prefix's install serves its few runs: no byte-compiling up front.
+    proc = process.pip_install([whl], target, compile=False)
     if proc.returncode != 0:
         raise ForkError(f"installing {whl.name} failed:\n{proc.stderr[-2000:]}")
 

@@ -110,17 +110,11 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
     }
     jobs = getattr(args, "jobs", None) or runner.default_jobs(accelerator)
     todo = groups_lib.plan_groups(cells, units, args.variant or list(VARIANTS))
-    # Longest first. On the CPU the multi-process runs go first: one at a
-    # time, each beside single-process runs (runner.multi_process_slots),
-    # the longest of which go first too. On GPUs, where each takes every
-    # slot, they go last: waiting for every slot among single-process runs
-    # would leave a slot idle while the others drain.
-    sharing = runner.multi_process_slots(2, accelerator) < 2
+    # Longest first; multi-process runs last: each waits for every slot,
+    # so among single-process runs it would leave a slot idle while the
+    # others drain.
     todo.sort(
-        key=lambda g: (
-            g.multi_process != sharing,
-            -groups_lib.estimate(g, previous),
-        )
+        key=lambda g: (g.multi_process, -groups_lib.estimate(g, previous))
     )
     return Plan(
         cells, accelerator, bases, installed, overlays, units, todo, jobs
@@ -226,7 +220,6 @@ def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
     from rich.progress import Progress
 
     junit_dir = layout.dist / "proof" / "junit"
-    multi_slots = runner.multi_process_slots(p.jobs, p.accelerator)
 
     def run(group):
         return runner.run_group(
@@ -244,7 +237,7 @@ def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
         task = progress.add_task("proof matrix", total=len(p.groups))
         while queue or running:
             now = running.values()
-            for group in runner.runs_to_start(queue, now, p.jobs, multi_slots):
+            for group in runner.runs_to_start(queue, now, p.jobs):
                 queue.remove(group)
                 running[pool.submit(run, group)] = group
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -493,7 +486,7 @@ def add_filters(p) -> None:
         metavar="{1..8}",
         help="runs at the same time (default: 1 on GPUs, where each run "
         "takes every GPU; else 2 on 2 or more cores); a multi-process run "
-        "holds all of them on GPUs, all but one on the CPU",
+        "takes all of them",
     )
     options.add_accelerator(
         p,

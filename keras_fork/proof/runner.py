@@ -10,8 +10,7 @@ files into a folder of its own, and on stock keeps only the added tests
 progress (``harness.progress``) for ``timeout`` plus a grace period is hung
 and its process group is killed. Runs go ``--jobs`` at a time
 (``default_jobs``: 2 on 2 or more cores, 1 on GPUs); a multi-process run
-holds all slots but one on the CPU, every slot on GPUs
-(``multi_process_slots``, ``runs_to_start``).
+holds every slot (``runs_to_start``).
 """
 
 from __future__ import annotations
@@ -264,51 +263,35 @@ def default_jobs(accelerator: str) -> int:
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
-def multi_process_slots(jobs: int, accelerator: str) -> int:
-    """The slots of ``jobs`` a multi-process run holds.
+def runs_to_start(queue, running, jobs: int) -> list:
+    """The runs of ``queue`` to start now, in its order, on ``jobs`` slots.
 
-    On GPUs every slot: its workers take every GPU. On the CPU all but
-    one, so that one single-process run shares the cores with its workers:
-    they wait on each other at every collective, and a run of 2 workers on
-    2 cores kept 66 % (TensorFlow multi-worker) to 84 % (JAX processes) of
-    them busy (docs/topologies.md).
-    """
-    return jobs if accelerator == "gpu" else max(1, jobs - 1)
-
-
-def runs_to_start(queue, running, jobs: int, multi_slots: int) -> list:
-    """The runs of ``queue`` to start now, in its order.
+    A single-process run holds one slot; a multi-process run holds every
+    slot, its workers needing every core (on the CPU, sharing the cores
+    with a single-process run slowed both by about half: docs/test-run.md)
+    or every GPU.
 
     Args:
         queue: the runs (``groups.Group``) waiting, first to start first.
         running: the runs running now.
         jobs: the slots.
-        multi_slots: the slots a multi-process run holds
-            (``multi_process_slots``); a single-process run holds 1.
 
     Returns:
-        The runs to start: one multi-process run at a time at most, and a
-        run that needs more slots than are free holds back the runs queued
-        after it (the running ones drain, then it starts), so that a
-        multi-process run needing every slot is not starved.
+        The runs to start. A run that needs more slots than are free holds
+        back the runs queued after it (the running ones drain, then it
+        starts), so that a multi-process run is not starved.
     """
 
     def size(group) -> int:
-        return multi_slots if group.multi_process else 1
+        return jobs if group.multi_process else 1
 
     used = sum(size(g) for g in running)
-    multi = any(g.multi_process for g in running)
     start = []
     for group in queue:
-        if used >= jobs:
-            break
-        if group.multi_process and multi:
-            continue
         if used + size(group) > jobs:
             break
         start.append(group)
         used += size(group)
-        multi = multi or group.multi_process
     return start
 
 

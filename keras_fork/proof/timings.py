@@ -18,8 +18,7 @@ and writes ``dist/timings.json`` (atomically) and prints the breakdown:
   JUnit), single-process and multi-process runs apart (a multi-process
   run's tests include starting the workers and their rendezvous);
 * the slot time left idle: ``jobs`` slots over the ``prove`` stage's wall
-  time, less what the runs held (a multi-process run holds all slots but
-  one: ``runner.multi_process_slots`` on the CPU);
+  time, less what the runs held (a multi-process run holds every slot);
 * the longest runs.
 """
 
@@ -110,16 +109,13 @@ def read_runs(proof_json: Path, root: Path) -> list[Run]:
     ]
 
 
-def summarize(
-    stages: list[dict], runs: list[Run], jobs: int, multi_slots: int
-) -> dict:
-    """The breakdown of the module doc, as one JSON-able dict (seconds);
-    a multi-process run held ``multi_slots`` of the ``jobs`` slots."""
+def summarize(stages: list[dict], runs: list[Run], jobs: int) -> dict:
+    """The breakdown of the module doc, as one JSON-able dict (seconds)."""
     single = [r for r in runs if not r.multi_process]
     multi = [r for r in runs if r.multi_process]
     prove = next((s["seconds"] for s in stages if s["name"] == PROVE_STAGE), 0)
     held = sum(r.seconds for r in single)
-    held += multi_slots * sum(r.seconds for r in multi)
+    held += jobs * sum(r.seconds for r in multi)
     return {
         "stages": stages,
         "total": round(sum(s["seconds"] for s in stages), 1),
@@ -169,8 +165,7 @@ def main(args, layout: pins.Layout) -> int:
     jobs = args.jobs or runner.default_jobs("cpu")
     stages = read_stages(layout.dist / STAGES_FILE)
     runs = read_runs(layout.proof, layout.root)
-    multi_slots = runner.multi_process_slots(jobs, "cpu")
-    summary = summarize(stages, runs, jobs, multi_slots)
+    summary = summarize(stages, runs, jobs)
     text = json.dumps(summary, indent=2) + "\n"
     write_atomic(layout.dist / "timings.json", text)
     _print(summary)
