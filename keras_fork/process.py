@@ -30,9 +30,9 @@ _OPTIONS = (
 )
 
 
-def run(cmd, *, env=None, cwd=None, timeout=None):
+def run(cmd, *, env=None, cwd=None, timeout=None, input=None):
     """Runs ``cmd`` to its end, with ``env`` (None: this process's) in
-    ``cwd``.
+    ``cwd``, ``input`` on its stdin.
 
     Returns:
         The ``subprocess.CompletedProcess``, its output captured as text,
@@ -49,6 +49,7 @@ def run(cmd, *, env=None, cwd=None, timeout=None):
         env=env,
         cwd=cwd,
         timeout=timeout,
+        input=input,
     )
 
 
@@ -113,13 +114,7 @@ def run_git(repo: Path | None, *args: str, env=None, input=None):
         whatever its exit status: the caller says what failed.
     """
     where = () if repo is None else ("-C", str(repo))
-    return subprocess.run(
-        ["git", *where, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        input=input,
-    )  # run() with stdin
+    return run(["git", *where, *args], env=env, input=input)
 
 
 def git(repo: Path | None, *args: str, env=None, check=True) -> str:

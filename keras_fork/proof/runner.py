@@ -162,11 +162,7 @@ def run_group(
     start = time.monotonic()
     code = run.run_bounded(cmd, cwd, env, log, timeout + grace, progress)
     seconds = round(time.monotonic() - start, 1)
-    result = _run_result(junit, log, code, timeout + grace, seconds)
-    result["junit"], result["log"] = (
-        _relative(junit, where.root),
-        _relative(log, where.root),
-    )
+    result = _run_result(junit, log, code, timeout + grace, seconds, where.root)
     if result["outcome"] == "error":
         result["unfinished"] = progress_plugin.unfinished(progress)
     return result
@@ -219,7 +215,7 @@ def _pytest_command(group: Group, unit, fixes: Path, junit, timeout):
     return cmd, cwd
 
 
-def _run_result(junit, log, code, limit, seconds) -> dict:
+def _run_result(junit, log, code, limit, seconds, root: Path) -> dict:
     """``run_group``'s result from the exit status and the JUnit file."""
     result = read_junit(junit)
     counts = result.counts
@@ -239,8 +235,8 @@ def _run_result(junit, log, code, limit, seconds) -> dict:
         "outcome": outcome,
         "detail": detail,
         "seconds": seconds,
-        "junit": str(junit),
-        "log": str(log),
+        "junit": _relative(junit, root),
+        "log": _relative(log, root),
         "counts": counts,
         "passed_tests": [
             c["name"]

@@ -114,8 +114,7 @@ def summarize(stages: list[dict], runs: list[Run], jobs: int) -> dict:
     single = [r for r in runs if not r.multi_process]
     multi = [r for r in runs if r.multi_process]
     prove = next((s["seconds"] for s in stages if s["name"] == PROVE_STAGE), 0)
-    held = sum(r.seconds for r in single)
-    held += jobs * sum(r.seconds for r in multi)
+    held = sum(r.seconds for r in single) + jobs * sum(r.seconds for r in multi)
     return {
         "stages": stages,
         "total": round(sum(s["seconds"] for s in stages), 1),
