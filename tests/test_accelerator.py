@@ -7,10 +7,11 @@ import stat
 
 import pytest
 
+from integration_tests.harness import run
+from integration_tests.harness import schedule
 from integration_tests.harness import topologies
 from integration_tests.harness import workers
 from keras_fork.proof import cells as cells_lib
-from keras_fork.proof import variants
 
 
 def _fake_nvidia_smi(folder, gpus):
@@ -52,21 +53,24 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch, tmp_path):
     # nvidia-smi lists 4, but the variable decides when it is set.
     monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path, 4)))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
-    assert topologies.visible_gpus() == ["2", "3"]
+    assert run.visible_gpus() == ["2", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert topologies.visible_gpus() == []
-    assert variants.detect_accelerator() == "cpu"
+    assert run.visible_gpus() == []
+    assert schedule.accelerator("auto") == ("cpu", 0)
+    with pytest.raises(ValueError, match="shows no GPU"):
+        schedule.accelerator("gpu")
 
 
 def test_visible_gpus_are_what_nvidia_smi_lists(
     monkeypatch, tmp_path, no_visibility_set
 ):
     monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path, 3)))
-    assert topologies.visible_gpus() == ["0", "1", "2"]
-    assert variants.detect_accelerator() == "gpu"
+    assert run.visible_gpus() == ["0", "1", "2"]
+    assert schedule.accelerator("auto") == ("gpu", 3)
+    assert schedule.accelerator("cpu") == ("cpu", 3)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert topologies.visible_gpus() == []
-    assert variants.detect_accelerator() == "cpu"
+    assert run.visible_gpus() == []
+    assert schedule.accelerator("auto") == ("cpu", 0)
 
 
 def _cell(backend, topology, expect="proven", reason=""):
@@ -112,16 +116,16 @@ def test_cells_short_of_gpus_are_na_with_the_counts():
 def test_jax_8_takes_8_4_or_2_gpus(monkeypatch, visible, used):
     # A divisor of 8: every batch split over 8 devices splits over them.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    env = topologies.env_for("jax", "8", "gpu")
+    env = run.topology_env("jax", "8", "gpu")
     assert env["CUDA_VISIBLE_DEVICES"] == used
-    assert "CUDA_VISIBLE_DEVICES" not in topologies.env_for("jax", "1", "gpu")
+    assert "CUDA_VISIBLE_DEVICES" not in run.topology_env("jax", "1", "gpu")
     assert topologies.jax_gpus(["0"]) == []
 
 
 def test_gpu_processes_keep_float32_and_share_gpu_memory(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # jax/8 is n/a on it
     for backend, topology in topologies.TOPOLOGIES:
-        env = topologies.env_for(backend, topology, "gpu")
+        env = run.topology_env(backend, topology, "gpu")
         # TF32 off: the tests' float32 tolerances hold on GPUs too.
         assert env["NVIDIA_TF32_OVERRIDE"] == "0"
         assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"

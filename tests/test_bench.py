@@ -550,11 +550,11 @@ def test_a_run_measures_every_round_of_each_case(aa, monkeypatch):
     monkeypatch.setattr(_CannedLiveWorker, "started", started)
     monkeypatch.setattr(lockstep, "LiveWorker", _CannedLiveWorker)
     monkeypatch.setattr(
-        bench.variants,
+        variants,
         "install_variants",
         lambda layout, base: {"stock": "/stock", "fork": "/fork"},
     )
-    monkeypatch.setattr(bench.variants, "install_overlay", lambda *a: None)
+    monkeypatch.setattr(variants, "install_overlay", lambda *a: None)
     printed = []
     console = types.SimpleNamespace(print=printed.append)
     base = types.SimpleNamespace(version="3.15.1")
@@ -667,7 +667,7 @@ def test_an_unknown_pr_number_is_refused_before_anything_is_installed(
     def no_install(*a, **k):
         raise AssertionError("installed a variant")
 
-    monkeypatch.setattr(bench.variants, "install_prerequisites", no_install)
+    monkeypatch.setattr(variants, "install_prerequisites", no_install)
     with pytest.raises(ForkError, match=r"unknown --pr 3; valid: 1\.\.2"):
         counts._alone_variants(layout, base, None, [3])
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from integration_tests.harness import data
 from integration_tests.harness import devices
 from integration_tests.harness import junit
+from integration_tests.harness import schedule
 from integration_tests.harness import selection
 from integration_tests.harness import topologies
 from keras_fork import process
@@ -591,14 +592,32 @@ def _names(runs):
 
 def test_a_multi_process_run_holds_every_slot_and_is_not_starved():
     s0, m1, s2, s3 = _runs("s", "m", "s", "s")
-    assert _names(runner.runs_to_start([s0, m1, s2], [], 2)) == ["s0"]
+    assert _names(schedule.runs_to_start([s0, m1, s2], [], 2)) == ["s0"]
     # While a multi-process run waits for every slot, the runs queued
     # after it wait too: the running ones drain, then it starts alone.
-    assert runner.runs_to_start([m1, s2], [s0], 2) == []
-    assert _names(runner.runs_to_start([m1, s2], [], 2)) == ["m1"]
-    assert runner.runs_to_start([s2], [m1], 2) == []
+    assert schedule.runs_to_start([m1, s2], [s0], 2) == []
+    assert _names(schedule.runs_to_start([m1, s2], [], 2)) == ["m1"]
+    assert schedule.runs_to_start([s2], [m1], 2) == []
     # Single-process runs fill every slot.
-    assert _names(runner.runs_to_start([s2, s3], [], 2)) == ["s2", "s3"]
+    assert _names(schedule.runs_to_start([s2, s3], [], 2)) == ["s2", "s3"]
+
+
+def test_run_all_starts_what_a_finished_run_returns_before_the_queue():
+    s0, m1, s2 = _runs("s", "m", "s")
+    retry = SimpleNamespace(name="retry", multi_process=False)
+    started, lock = [], threading.Lock()
+
+    def start(r):
+        with lock:
+            started.append(r.name)
+        return r.name
+
+    def finished(r, result):
+        assert result == r.name
+        return [retry] if r is s0 else None
+
+    schedule.run_all([s0, m1, s2], start, 1, finished)
+    assert started == ["s0", "retry", "m1", "s2"]
 
 
 def test_added_tests_select_their_parameterized_cases_not_substrings():

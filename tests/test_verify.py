@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from integration_tests.harness import catalog
+from integration_tests.harness import run
 from integration_tests.harness import topologies
 from integration_tests.harness import verify
 from integration_tests.harness.junit import read_junit
@@ -39,7 +40,7 @@ def test_a_version_that_is_not_pep_440_is_refused():
 
 
 def test_placement_on_cpu_gpus_and_one_gpu(monkeypatch):
-    monkeypatch.setattr(topologies, "visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(run, "visible_gpus", lambda: ["0"])
     assert verify.placement("tensorflow", "mirrored-4", "cpu", 0) == (
         "cpu",
         "",
@@ -59,7 +60,7 @@ def test_one_gpu_mode_puts_every_worker_on_the_first_gpu_over_gloo(
     from integration_tests.harness import workers
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    env = topologies.env_for("torch", "ddp-2", topologies.SHARED_GPU)
+    env = run.topology_env("torch", "ddp-2", topologies.SHARED_GPU)
     assert env["CUDA_VISIBLE_DEVICES"] == "3"
     assert env["NVIDIA_TF32_OVERRIDE"] == "0"
     monkeypatch.setenv("PROOF_ACCELERATOR", topologies.SHARED_GPU)
@@ -69,7 +70,7 @@ def test_one_gpu_mode_puts_every_worker_on_the_first_gpu_over_gloo(
     monkeypatch.setenv("PROOF_ACCELERATOR", "gpu")
     assert workers.collective_backend() == "nccl"
     with pytest.raises(ValueError, match="one-GPU mode"):
-        topologies.env_for("jax", "procs-2", topologies.SHARED_GPU)
+        run.topology_env("jax", "procs-2", topologies.SHARED_GPU)
 
 
 def _fix(fid, cells, bases=("3.15.1",)):

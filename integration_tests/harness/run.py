@@ -4,7 +4,7 @@ topology, whichever keras it imports.
 ``verify`` (any installed keras) and the proof matrix of ``keras_fork``
 (stock against fork) both start their pytest processes through this
 module: the same command line (``pytest_command``), the same environment
-for a topology (``fixes_env``, from ``topologies.env_for``), the same
+for a topology (``fixes_env``, from ``topology_env``), the same
 bound on a run that stops making progress (``run_bounded``), and the same
 reading of the JUnit file it writes (``junit.read_junit``).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def fixes_env(
     base: str | None = None,
 ) -> dict[str, str]:
     """The variables a run sets for its process, over the environment it
-    inherits: its topology's (``topologies.env_for``), the fixes whose
+    inherits: its topology's (``topology_env``), the fixes whose
     tests it collects (``selection.ENV``), the base whose cells they are
     (``PROOF_BASE``, read by ``selection.role_of``; none: no base) and
     the progress file (``harness.progress``).
@@ -79,13 +80,27 @@ def fixes_env(
     Raises:
         KeyError: unknown (backend, topology).
     """
-    env = topologies.env_for(backend, topology, accelerator)
+    env = topology_env(backend, topology, accelerator)
     env[selection.ENV] = ",".join(fixes)
     env[progress_plugin.ENV] = str(progress)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if base:
         env[selection.BASE_ENV] = base
     return env
+
+
+def topology_env(
+    backend: str, topology: str, accelerator: str
+) -> dict[str, str]:
+    """``topologies.env_for`` on this machine's GPUs (``visible_gpus``,
+    asked on GPUs only).
+
+    Raises:
+        KeyError: unknown (backend, topology).
+        ValueError: one-GPU mode for a topology it does not run.
+    """
+    gpus = visible_gpus() if accelerator != "cpu" else []
+    return topologies.env_for(backend, topology, accelerator, gpus)
 
 
 def run_captured(cmd, env=None, timeout=None):
@@ -100,6 +115,28 @@ def run_captured(cmd, env=None, timeout=None):
     return subprocess.run(
         cmd, capture_output=True, text=True, env=env, timeout=timeout
     )
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, named as ``CUDA_VISIBLE_DEVICES``
+    names them: that variable's entries where it is set (set but empty:
+    none), else the indices of the GPUs ``nvidia-smi -L`` lists (none
+    without ``nvidia-smi`` or where it fails).
+
+    Raises:
+        subprocess.TimeoutExpired: ``nvidia-smi`` ran over 60 seconds.
+    """
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        names = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+        return [n.strip() for n in names if n.strip()]
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    out = run_captured([exe, "-L"], timeout=60)
+    if out.returncode != 0:
+        return []
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")]
+    return [str(i) for i in range(len(lines))]
 
 
 def run_bounded(

@@ -88,7 +88,7 @@ MULTI_PROCESS = {
 # where the machine has fewer (``jax_gpus``): a divisor of 8, so that every
 # batch its tests split over 8 devices splits over them too. A cell whose
 # topology needs more GPUs than the machine has is n/a
-# (``keras_fork.proof.prove.short_of_gpus``).
+# (``keras_fork.proof.cells.short_of_gpus``).
 JAX_8_GPUS = (8, 4, 2)
 
 # The environment of every process on GPUs, for two reasons.
@@ -194,30 +194,9 @@ def jax_gpus(visible: list[str]) -> list[str]:
     return []
 
 
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, named as ``CUDA_VISIBLE_DEVICES``
-    names them: that variable's entries where it is set (set but empty:
-    none), else the indices of the GPUs ``nvidia-smi -L`` lists (none
-    without ``nvidia-smi``)."""
-    import shutil
-    import subprocess
-
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        names = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
-        return [n.strip() for n in names if n.strip()]
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return []
-    out = subprocess.run(
-        [exe, "-L"], capture_output=True, text=True, timeout=60
-    )
-    if out.returncode != 0:
-        return []
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")]
-    return [str(i) for i in range(len(lines))]
-
-
-def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
+def env_for(
+    backend: str, topology: str, accelerator: str, gpus=()
+) -> dict[str, str]:
     """Environment a cell's process needs before its backend starts.
 
     Args:
@@ -225,6 +204,8 @@ def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
         topology: a topology name of that backend (see ``TOPOLOGIES``).
         accelerator: ``cpu``, ``gpu`` or ``gpu-shared`` (one-GPU mode,
             ``SHARED_GPU``: the first visible GPU for every worker).
+        gpus: the GPUs this process may use, as ``CUDA_VISIBLE_DEVICES``
+            names them (``run.visible_gpus``); read on GPUs only.
 
     Raises:
         KeyError: unknown (backend, topology).
@@ -245,11 +226,11 @@ def env_for(backend: str, topology: str, accelerator: str) -> dict[str, str]:
                 f"{backend}/{topology}"
             )
         env.update(GPU_ENV)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus()[:1])
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(list(gpus)[:1])
     if accelerator == "gpu":
         env.update(GPU_ENV)
         if (backend, topology) == ("jax", "8"):
-            chosen = jax_gpus(visible_gpus())
+            chosen = jax_gpus(list(gpus))
             if chosen:  # else the cell is n/a (needs 2)
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
     if accelerator == "cpu":

@@ -38,7 +38,6 @@ with one test case a cell (``--junitxml``, default
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import importlib.util
 import json
@@ -52,6 +51,7 @@ from pathlib import Path
 from . import catalog
 from . import options
 from . import run
+from . import schedule
 from . import topologies
 from .junit import read_junit
 
@@ -107,6 +107,12 @@ class Run:
     fixes: tuple[str, ...]
     accelerator: str
     note: str = ""
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether its workers are processes of their own (every slot is
+        its, ``schedule.runs_to_start``)."""
+        return (self.backend, self.topology) in topologies.MULTI_PROCESS
 
 
 def installed_backends() -> list[str]:
@@ -205,7 +211,7 @@ def plan(fixes, keras: Keras, wanted, accelerator: str, gpus: int):
         keras: the keras under test (its ``base`` picks the cells).
         wanted: ``{"fix"|"backend"|"topology": set or None}``, the filters.
         accelerator: ``cpu`` or ``gpu``.
-        gpus: GPUs visible (``topologies.visible_gpus``).
+        gpus: GPUs visible (``run.visible_gpus``).
 
     Returns:
         ``(runs, results)``: a ``Run`` a backend and topology with its
@@ -332,22 +338,20 @@ def _crash(code, log: Path) -> str:
 
 
 def execute(runs: list[Run], keras, out: Path, jobs: int, timeout: float):
-    """Runs ``runs``: single-process ones ``jobs`` at a time, then each
-    multi-process one alone (its workers take every core or GPU)."""
-    single = [r for r in runs if not _multi(r)]
-    multi = [r for r in runs if _multi(r)]
-    results = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_one, r, keras, out, timeout) for r in single]
-        for f in futures:
-            results += f.result()
-    for r in multi:
-        results += run_one(r, keras, out, timeout)
-    return results
+    """Runs ``runs`` on ``jobs`` slots (``schedule.run_all``),
+    single-process ones first, each multi-process one on every slot (its
+    workers take every core or GPU). Returns the results in ``runs``'
+    order."""
+    ordered = sorted(runs, key=lambda r: r.multi_process)
+    done = {}
 
+    def finished(r, results):
+        done[r] = results
 
-def _multi(r: Run) -> bool:
-    return (r.backend, r.topology) in topologies.MULTI_PROCESS
+    schedule.run_all(
+        ordered, lambda r: run_one(r, keras, out, timeout), jobs, finished
+    )
+    return [result for r in ordered for result in done[r]]
 
 
 def render_table(results: list[Result]) -> str:
@@ -465,15 +469,6 @@ def check_filters(args, fixes) -> dict:
     return wanted
 
 
-def _accelerator(args) -> tuple[str, int]:
-    gpus = len(topologies.visible_gpus())
-    if args.accelerator == "auto":
-        return ("gpu" if gpus else "cpu"), gpus
-    if args.accelerator == "gpu" and not gpus:
-        raise VerifyError("--accelerator gpu: this machine shows no GPU")
-    return args.accelerator, gpus
-
-
 def verify(args) -> tuple[Keras, list[Result]]:
     """Plans and runs the selected cells against the installed keras.
 
@@ -495,15 +490,16 @@ def verify(args) -> tuple[Keras, list[Result]]:
         raise VerifyError("no backend installed: jax, tensorflow or torch")
     version, path = probe_keras(backend)
     keras = Keras(version, path, args.base or base_for(version, bases))
-    accelerator, gpus = _accelerator(args)
+    try:
+        accelerator, gpus = schedule.accelerator(args.accelerator)
+    except ValueError as e:
+        raise VerifyError(str(e)) from None
     runs, results = plan(fixes, keras, wanted, accelerator, gpus)
     if not runs and not results:
         raise VerifyError("the filters select no cell")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    jobs = args.jobs or (
-        1 if accelerator == "gpu" else min(2, os.cpu_count() or 1)
-    )
+    jobs = args.jobs or schedule.default_jobs(accelerator)
     return keras, results + execute(runs, keras, args.out, jobs, args.timeout)
 
 

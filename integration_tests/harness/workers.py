@@ -49,6 +49,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import run
 from . import topologies
 
 
@@ -70,7 +71,7 @@ def free_port() -> int:
 def worker_gpus(world_size: int) -> list[dict]:
     """The GPU environment of each rank: under ``PROOF_ACCELERATOR=gpu``,
     ``CUDA_VISIBLE_DEVICES`` naming one GPU a rank, the ``rank``-th of
-    this process's visible GPUs (``topologies.visible_gpus``); else none
+    this process's visible GPUs (``run.visible_gpus``); else none
     (workers inherit this process's devices, on CPU none).
 
     Returns:
@@ -81,7 +82,7 @@ def worker_gpus(world_size: int) -> list[dict]:
     """
     if not topologies.on_gpu():
         return [{} for _ in range(world_size)]
-    gpus = topologies.visible_gpus()
+    gpus = run.visible_gpus()
     if topologies.shared_gpu() and gpus:  # one-GPU mode: all on the first
         return [{"CUDA_VISIBLE_DEVICES": gpus[0]}] * world_size
     if len(gpus) < world_size:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 
 from integration_tests.harness import options as cell_options
+from integration_tests.harness import schedule
 from keras_fork import options
 from keras_fork.bench import counts
 from keras_fork.bench import lockstep
@@ -27,7 +28,6 @@ from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
 from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
-from keras_fork.proof import variants
 from keras_fork.recipe import pins
 from keras_fork.recipe import submission
 
@@ -201,11 +201,12 @@ def main(args, layout: pins.Layout) -> int:
             (tables.DOCS_BEGIN, tables.DOCS_END),
         )
     console = Console(stderr=True, highlight=False)
-    accelerator = args.accelerator
-    if accelerator == "auto":
-        accelerator = variants.detect_accelerator()
+    try:
+        accelerator, gpus = schedule.accelerator(args.accelerator)
+    except ValueError as e:
+        raise ForkError(str(e)) from None
     if accelerator == "gpu":
-        cases = suite.with_enough_gpus(cases, console)
+        cases = suite.with_enough_gpus(cases, gpus, console)
     docs = _measure_bases(args, layout, accelerator, cases, console)
     out = layout.dist / name
     if args.alone and args.pr:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from integration_tests.harness import topologies
+from integration_tests.harness import run
 from keras_fork import process
 from keras_fork.bench import suite
 from keras_fork.bench import tables
@@ -27,7 +27,7 @@ def run_worker(
 ):
     """Runs ``keras_fork.bench.worker`` once; returns its JSON document."""
     env = variants.child_env(
-        variant_dir, overlay, topologies.env_for(backend, topology, accelerator)
+        variant_dir, overlay, run.topology_env(backend, topology, accelerator)
     )
     proc = process.run(
         process.python(

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from integration_tests.harness import topologies
+from integration_tests.harness import run as harness_run
 from integration_tests.harness import workers
 from keras_fork import process
 from keras_fork.bench import tables
@@ -356,7 +356,7 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
     for case in cases:
         _, _, backend, topology, _ = case
         cpu = pinned_cpu(topology, accelerator)
-        topo_env = topologies.env_for(backend, topology, accelerator)
+        topo_env = harness_run.topology_env(backend, topology, accelerator)
         envs = {
             v: variants.child_env(dirs[v], overlay, topo_env)
             for v in ("stock", "fork")

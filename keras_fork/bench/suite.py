@@ -101,10 +101,9 @@ def select_cases(names=None, backends=None, topologies_=None):
     ]
 
 
-def with_enough_gpus(cases, console):
-    """The cases whose topology has the GPUs it needs here
+def with_enough_gpus(cases, gpus: int, console):
+    """The cases whose topology has the GPUs it needs on ``gpus`` GPUs
     (``topologies.gpu_shortfall``); says which are skipped and why."""
-    gpus = len(topologies.visible_gpus())
     kept = []
     for case in cases:
         name, _, backend, topology, _ = case

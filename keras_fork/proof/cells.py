@@ -258,7 +258,7 @@ def short_of_gpus(cells: list[Cell], gpus: int) -> list[Cell]:
 
     Args:
         cells: cells to run with ``--accelerator gpu``.
-        gpus: GPUs this process may use (``topologies.visible_gpus``).
+        gpus: GPUs this process may use (``run.visible_gpus``).
 
     Returns:
         The cells in the same order; cells already ``n/a`` keep their

@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from concurrent.futures import FIRST_COMPLETED
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait
 from pathlib import Path
 
 from integration_tests.harness import options
-from integration_tests.harness import topologies
+from integration_tests.harness import schedule
 from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
 from keras_fork.outputs import replace_between
@@ -88,11 +85,11 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
             "fixes --check):\n  " + "\n  ".join(found)
         )
     cells = cells_lib.select(cells_lib.load_matrix(layout.fixes), args)
-    accelerator = args.accelerator
-    if accelerator == "auto":
-        accelerator = variants_lib.detect_accelerator()
+    try:
+        accelerator, gpus = schedule.accelerator(args.accelerator)
+    except ValueError as e:
+        raise ForkError(str(e)) from None
     if accelerator == "gpu":
-        gpus = len(topologies.visible_gpus())
         cells = cells_lib.short_of_gpus(cells, gpus)
     bases = {c.base: pins.get_base(layout, c.base) for c in cells}
     installed = {
@@ -108,7 +105,7 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
         for c in cells
         if c.topology == cells_lib.UNIT and c.expect != "n/a"
     }
-    jobs = getattr(args, "jobs", None) or runner.default_jobs(accelerator)
+    jobs = getattr(args, "jobs", None) or schedule.default_jobs(accelerator)
     todo = groups_lib.plan_groups(cells, units, args.variant or list(VARIANTS))
     # Longest first; multi-process runs last: each waits for every slot,
     # so among single-process runs it would leave a slot idle while the
@@ -212,16 +209,17 @@ def resolve(group, run: dict, root: Path) -> tuple[dict, list]:
 
 
 def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
-    """Runs ``p.groups`` in their order, as many at a time as
-    ``runner.runs_to_start`` lets ``p.jobs`` slots hold, filling ``rows``'
-    variant outcomes, and a cell again on its own (next) where its group's
-    run could not run its tests. Returns every run's summary
-    (``_summary``). Interrupted, it starts no other run."""
+    """Runs ``p.groups`` in their order on ``p.jobs`` slots
+    (``schedule.run_all``), filling ``rows``' variant outcomes, and a cell
+    again on its own (next) where its group's run could not run its
+    tests. Returns every run's summary (``_summary``). Interrupted, it
+    starts no other run."""
     from rich.progress import Progress
 
     junit_dir = layout.dist / "proof" / "junit"
+    summaries = []
 
-    def run(group):
+    def start(group):
         return runner.run_group(
             group,
             _where(p, group, layout),
@@ -229,25 +227,17 @@ def execute(p: Plan, rows: dict, args, layout, console) -> list[dict]:
             args.timeout,
         )
 
-    summaries, queue, running = [], list(p.groups), {}
-    with (
-        Progress(console=console, transient=False) as progress,
-        ThreadPoolExecutor(p.jobs) as pool,
-    ):
+    with Progress(console=console, transient=False) as progress:
         task = progress.add_task("proof matrix", total=len(p.groups))
-        while queue or running:
-            now = running.values()
-            for group in runner.runs_to_start(queue, now, p.jobs):
-                queue.remove(group)
-                running[pool.submit(run, group)] = group
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                group, result = running.pop(future), future.result()
-                retries = _record(group, result, rows, layout.root, console)
-                summaries.append(_summary(group, result))
-                queue[:0] = retries
-                total = progress.tasks[0].total + len(retries)
-                progress.update(task, total=total, advance=1)
+
+        def finished(group, result):
+            retries = _record(group, result, rows, layout.root, console)
+            summaries.append(_summary(group, result))
+            total = progress.tasks[0].total + len(retries)
+            progress.update(task, total=total, advance=1)
+            return retries
+
+        schedule.run_all(p.groups, start, p.jobs, finished)
     return summaries
 
 

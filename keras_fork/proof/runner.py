@@ -9,15 +9,14 @@ files into a folder of its own, and on stock keeps only the added tests
 (pytest-timeout fails it and the run goes on); a run that writes no
 progress (``harness.progress``) for ``timeout`` plus a grace period is hung
 and its process group is killed. Runs go ``--jobs`` at a time
-(``default_jobs``: 2 on 2 or more cores, 1 on GPUs); a multi-process run
-holds every slot (``runs_to_start``).
+(``harness.schedule``: 2 on 2 or more cores, 1 on GPUs); a multi-process
+run holds every slot.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -248,47 +247,6 @@ def _run_result(junit, log, code, limit, seconds, root: Path) -> dict:
 
 def _relative(path: Path, root: Path) -> str:
     return str(path.relative_to(root) if path.is_relative_to(root) else path)
-
-
-def default_jobs(accelerator: str) -> int:
-    """Runs at the same time: 1 on GPUs (each run uses every GPU: two would
-    compete for their memory), else 2 where there are 2 or more cores (one
-    pytest process mostly keeps one core busy)."""
-    if accelerator == "gpu":
-        return 1
-    return 2 if (os.cpu_count() or 1) >= 2 else 1
-
-
-def runs_to_start(queue, running, jobs: int) -> list:
-    """The runs of ``queue`` to start now, in its order, on ``jobs`` slots.
-
-    A single-process run holds one slot; a multi-process run holds every
-    slot, its workers needing every core (on the CPU, sharing the cores
-    with a single-process run slowed both by about half: docs/test-run.md)
-    or every GPU.
-
-    Args:
-        queue: the runs (``groups.Group``) waiting, first to start first.
-        running: the runs running now.
-        jobs: the slots.
-
-    Returns:
-        The runs to start. A run that needs more slots than are free holds
-        back the runs queued after it (the running ones drain, then it
-        starts), so that a multi-process run is not starved.
-    """
-
-    def size(group) -> int:
-        return jobs if group.multi_process else 1
-
-    used = sum(size(g) for g in running)
-    start = []
-    for group in queue:
-        if used + size(group) > jobs:
-            break
-        start.append(group)
-        used += size(group)
-    return start
 
 
 def load_previous(path: Path) -> dict:

@@ -159,9 +159,9 @@ def main(args, layout: pins.Layout) -> int:
     Raises:
         ForkError: no stage record or no proof run in ``dist/``.
     """
-    from keras_fork.proof import runner
+    from integration_tests.harness import schedule
 
-    jobs = args.jobs or runner.default_jobs("cpu")
+    jobs = args.jobs or schedule.default_jobs("cpu")
     stages = read_stages(layout.dist / STAGES_FILE)
     runs = read_runs(layout.proof, layout.root)
     summary = summarize(stages, runs, jobs)

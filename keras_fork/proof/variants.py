@@ -21,7 +21,6 @@ from pathlib import Path
 
 import filelock
 
-from integration_tests.harness import topologies
 from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe import patchfile
@@ -36,13 +35,6 @@ VARIANTS = ("stock", "fork")
 INSTALL_LOCK_TIMEOUT_S = 600.0
 # The file in a variant folder holding the sha256 of what was installed.
 STAMP = ".source-sha256"
-
-
-def detect_accelerator() -> str:
-    """``gpu`` when this process may use a GPU (``nvidia-smi -L`` lists
-    one, and ``CUDA_VISIBLE_DEVICES`` does not hide them all), else
-    ``cpu`` (``topologies.visible_gpus``)."""
-    return "gpu" if topologies.visible_gpus() else "cpu"
 
 
 def install_variants(layout: pins.Layout, base: pins.Base) -> dict[str, Path]:
