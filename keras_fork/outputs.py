@@ -17,6 +17,27 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def print_table(title: str, columns, rows, console=None) -> None:
+    """Prints ``rows`` under ``title`` as a rich table.
+
+    Args:
+        title: the table's title.
+        columns: a name each, or ``(name, justify)`` (``"right"``...).
+        rows: sequences of ``len(columns)`` strings (rich markup read).
+        console: where to print (default: stdout, no highlighting).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        name, justify = (col, "left") if isinstance(col, str) else col
+        table.add_column(name, justify=justify)
+    for row in rows:
+        table.add_row(*row)
+    (console or Console(highlight=False)).print(table)
+
+
 def replace_dir(staged: Path, dest: Path) -> None:
     """Moves the folder ``staged`` to ``dest``, replacing the folder there.
 

@@ -23,6 +23,7 @@ import json
 import time
 
 from integration_tests.harness import plugin
+from keras_fork.outputs import print_table
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import prove
 from keras_fork.proof import runner
@@ -89,7 +90,6 @@ def main(args, layout: pins.Layout) -> int:
         0 when every way gives ``grouped``'s verdicts, else 1.
     """
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(stderr=True, highlight=False)
     previous = runner.load_previous(layout.proof)
@@ -103,18 +103,20 @@ def main(args, layout: pins.Layout) -> int:
         r["ratio"] = round(r["wall"] / now["wall"], 2) if now["wall"] else None
     doc = {"cells": len(p.cells), "jobs": p.jobs, "ways": records}
     write_atomic(layout.dist / "bench-matrix.json", json.dumps(doc, indent=2))
-    t = Table(title=f"proof matrix, {len(p.cells)} cells, {p.jobs} slots")
-    for col in ("way", "processes", "wall s", f"/ {NOW}", "verdicts"):
-        t.add_column(col)
-    for r in records:
-        t.add_row(
-            r["way"],
-            str(r["processes"]),
-            f"{r['wall']:.0f}",
-            str(r["ratio"]),
-            r["totals"],
-        )
-    Console(highlight=False).print(t)
+    print_table(
+        f"proof matrix, {len(p.cells)} cells, {p.jobs} slots",
+        ("way", "processes", "wall s", f"/ {NOW}", "verdicts"),
+        [
+            (
+                r["way"],
+                str(r["processes"]),
+                f"{r['wall']:.0f}",
+                str(r["ratio"]),
+                r["totals"],
+            )
+            for r in records
+        ],
+    )
     differs = [
         f"differs: {key}: {r['way']}: {verdict}, {NOW}: {now['verdicts'][key]}"
         for r in records[:-1]

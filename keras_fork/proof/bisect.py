@@ -17,7 +17,6 @@ series touches.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import tempfile
 import threading
@@ -26,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait
 from pathlib import Path
 
+from integration_tests.harness import schedule
 from keras_fork import options
 from keras_fork import process
 from keras_fork.errors import ForkError
@@ -311,7 +311,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=min(2, os.cpu_count() or 1),
+        default=schedule.default_jobs("cpu"),
         help="pytest runs at the same time (default: 2 where the machine "
         "has 2 cores; one pytest process mostly keeps one core busy)",
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 
+from keras_fork.outputs import print_table
 from keras_fork.outputs import replace_between
 from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import variants
@@ -530,21 +531,7 @@ def main(args, layout: pins.Layout) -> int:
 
 
 def _print(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title="fixes (integration_tests/fixes/<id>/fix.toml)")
-    for col in (
-        "fix",
-        "bases",
-        "issue",
-        "upstream",
-        "proven",
-        "guard",
-        "n/a",
-        "patches",
-    ):
-        t.add_column(col)
+    lines = []
     for r in rows:
         c = r["cells"]
         patches = "\n".join(
@@ -552,16 +539,23 @@ def _print(rows: list[dict]) -> None:
             for v, names in r["patches"].items()
             for name in names
         )
-        t.add_row(
-            r["id"],
-            ", ".join(r["bases"]),
-            r["issue"],
-            r["upstream"],
-            str(c["proven"]),
-            str(c["guard"]),
-            str(c["n/a"]),
-            patches or "-",
+        lines.append(
+            (
+                r["id"],
+                ", ".join(r["bases"]),
+                r["issue"],
+                r["upstream"],
+                str(c["proven"]),
+                str(c["guard"]),
+                str(c["n/a"]),
+                patches or "-",
+            )
         )
-    Console(highlight=False).print(t)
+    columns = ("fix", "bases", "issue", "upstream", "proven", "guard", "n/a")
+    print_table(
+        "fixes (integration_tests/fixes/<id>/fix.toml)",
+        (*columns, "patches"),
+        lines,
+    )
     sources = {r["cells"]["source"] for r in rows}
     print(f"cell counts from: {', '.join(sorted(sources))}")

@@ -35,6 +35,7 @@ from integration_tests.harness import options
 from integration_tests.harness import schedule
 from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
+from keras_fork.outputs import print_table
 from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import cells as cells_lib
@@ -338,38 +339,32 @@ def verdict_text(row: dict) -> str:
 
 
 def _print_table(rows: list[dict]) -> None:
-    from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
-    t = Table(title="proof matrix (dist/proof.json)")
-    for col in (
-        "base",
-        "fix",
-        "backend",
-        "topology",
-        "stock side",
-        "stock",
-        "fork",
-        "verdict",
-    ):
-        t.add_column(col)
     # Problems (fixes.PROBLEMS) in red, with the reason of the row.
     colors = {"proven": "green", "guard": "cyan", "n/a": "dim"}
+    lines = []
     for r in rows:
         color = colors.get(r["verdict"], "bold red")
         text = r["verdict"] if r["verdict"] == "n/a" else verdict_text(r)
-        t.add_row(
-            r["base"],
-            r["fix"],
-            r["backend"],
-            r["topology"],
-            stock_side(r),
-            r["stock"] or "-",
-            r["fork"] or "-",
-            f"[{color}]{escape(text)}[/]",
+        lines.append(
+            (
+                r["base"],
+                r["fix"],
+                r["backend"],
+                r["topology"],
+                stock_side(r),
+                r["stock"] or "-",
+                r["fork"] or "-",
+                f"[{color}]{escape(text)}[/]",
+            )
         )
-    Console(highlight=False).print(t)
+    columns = ("base", "fix", "backend", "topology", "stock side")
+    print_table(
+        "proof matrix (dist/proof.json)",
+        (*columns, "stock", "fork", "verdict"),
+        lines,
+    )
 
 
 def _why(row: dict) -> str:

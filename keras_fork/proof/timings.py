@@ -30,6 +30,7 @@ from pathlib import Path
 
 from integration_tests.harness.junit import read_junit
 from keras_fork.errors import ForkError
+from keras_fork.outputs import print_table
 from keras_fork.outputs import write_atomic
 from keras_fork.recipe import pins
 
@@ -172,29 +173,36 @@ def main(args, layout: pins.Layout) -> int:
 
 
 def _print(summary: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"where the time goes ({summary['total']:.0f} s in all)")
-    t.add_column("part")
-    t.add_column("seconds", justify="right")
-    for s in summary["stages"]:
-        t.add_row(f"stage: {s['name']}", f"{s['seconds']:.0f}")
+    lines = [
+        (f"stage: {s['name']}", f"{s['seconds']:.0f}")
+        for s in summary["stages"]
+    ]
     m = summary["matrix"]
     for kind in ("single_process", "multi_process"):
         part = m[kind]
         name = kind.replace("_", "-")
-        t.add_row(
-            f"matrix, {part['runs']} {name} runs: tests", f"{part['tests']:.0f}"
+        lines.append(
+            (
+                f"matrix, {part['runs']} {name} runs: tests",
+                f"{part['tests']:.0f}",
+            )
         )
-        t.add_row(
-            f"matrix, {name} runs: start-up, imports, collection",
-            f"{part['overhead']:.0f}",
+        lines.append(
+            (
+                f"matrix, {name} runs: start-up, imports, collection",
+                f"{part['overhead']:.0f}",
+            )
         )
-    t.add_row(
-        f"matrix: idle slot time ({m['jobs']} slots)",
-        f"{m['idle_slot_seconds']:.0f}",
+    lines.append(
+        (
+            f"matrix: idle slot time ({m['jobs']} slots)",
+            f"{m['idle_slot_seconds']:.0f}",
+        )
     )
-    Console(highlight=False).print(t)
+    print_table(
+        f"where the time goes ({summary['total']:.0f} s in all)",
+        ("part", ("seconds", "right")),
+        lines,
+    )
     for r in summary["longest_runs"]:
         print(f"  {r['seconds']:7.1f} s  {r['label']}")

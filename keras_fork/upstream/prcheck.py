@@ -32,6 +32,7 @@ from keras_fork import options
 from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
+from keras_fork.outputs import print_table
 from keras_fork.outputs import write_atomic
 from keras_fork.proof import kerastests
 from keras_fork.recipe import pins
@@ -323,9 +324,6 @@ def main(args, layout: pins.Layout) -> int:
     Raises:
         ForkError: unknown base, bad repository or revision.
     """
-    from rich.console import Console
-    from rich.table import Table
-
     base = pins.get_base(layout, args.base)
     if args.in_order:
         return _main_in_order(args, layout, base)
@@ -350,19 +348,6 @@ def main(args, layout: pins.Layout) -> int:
         if args.source == "checkout"
         else f"{base.version}'s source on {args.rev}'s tests"
     )
-    table = Table(title=f"each PR of {base.version} alone on {where}")
-    for col in ("PR", "applies", *backends, "verdict"):
-        table.add_column(col)
-    for r in checked:
-        applies = "yes" if r["applies"] else f"[red]no[/]: {r['error']}"
-        cells = [
-            f"{r.get('stock:' + b, '')} / {r.get(b, '')}"
-            if r["applies"]
-            else ""
-            for b in backends
-        ]
-        table.add_row(r["patch"], applies, *cells, r["verdict"])
-    Console(highlight=False).print(table)
     write_atomic(
         out,
         json.dumps(
@@ -370,12 +355,33 @@ def main(args, layout: pins.Layout) -> int:
         )
         + "\n",
     )
-    Console(highlight=False).print(
-        "each backend: the added tests on stock / with the PR; "
-        "verdict: proven (fail on stock, pass with the PR)"
+    _print_alone(
+        f"each PR of {base.version} alone on {where}", checked, backends
     )
     bad = [r for r in checked if r["verdict"] != "proven"]
     return 1 if bad else 0
+
+
+def _print_alone(title: str, rows: list[dict], backends) -> None:
+    """``rows`` (``check``'s) as a table, with its legend."""
+    from rich.console import Console
+
+    lines = []
+    for r in rows:
+        applies = "yes" if r["applies"] else f"[red]no[/]: {r['error']}"
+        cells = [
+            f"{r.get('stock:' + b, '')} / {r.get(b, '')}"
+            if r["applies"]
+            else ""
+            for b in backends
+        ]
+        lines.append((r["patch"], applies, *cells, r["verdict"]))
+    console = Console(highlight=False)
+    print_table(title, ("PR", "applies", *backends, "verdict"), lines, console)
+    console.print(
+        "each backend: the added tests on stock / with the PR; "
+        "verdict: proven (fail on stock, pass with the PR)"
+    )
 
 
 def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
@@ -383,7 +389,6 @@ def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
     merged result; 1 when a PR does not apply on top of the ones sent
     before it or the result does not lint clean."""
     from rich.console import Console
-    from rich.table import Table
 
     files = series_files(layout, base)
     with checkout.worktree(
@@ -391,15 +396,16 @@ def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
     ) as (tree, commit):
         rows = in_order(tree, files)
         problems = lint(tree, commit)
-    table = Table(title=f"{base.version}'s PR series in order on {args.rev}")
-    for col in ("PR", "applies on the ones before it"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(
-            r["patch"], "yes" if r["applies"] else f"[red]no[/]: {r['error']}"
-        )
     console = Console(highlight=False)
-    console.print(table)
+    print_table(
+        f"{base.version}'s PR series in order on {args.rev}",
+        ("PR", "applies on the ones before it"),
+        [
+            (r["patch"], "yes" if r["applies"] else f"[red]no[/]: {r['error']}")
+            for r in rows
+        ],
+        console,
+    )
     for line in problems:
         console.print(line, markup=False)
     verdict = "lint: " + ("failed" if problems else "clean") + " (ruff)"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from keras_fork import process
 from keras_fork.errors import ForkError
+from keras_fork.outputs import print_table
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
 from keras_fork.recipe import sdist as sdist_lib
@@ -257,40 +258,35 @@ def main(args, layout: pins.Layout) -> int:
 
 
 def _print_radar(console, rows: list[dict]) -> None:
-    from rich.table import Table
-
-    table = Table(title="upstream drift radar")
-    for col in ("upstream", "series", "patch", "state", "upstream status"):
-        table.add_column(col)
     colors = {"applies": "green", "upstream": "cyan", "conflict": "bold red"}
-    for r in rows:
-        color = colors.get(r["state"].split(" ")[0], "dim")
-        table.add_row(
+    lines = [
+        (
             r["target"],
             r["series"],
             r["patch"],
-            f"[{color}]{r['state']}[/]",
+            f"[{colors.get(r['state'].split(' ')[0], 'dim')}]{r['state']}[/]",
             r.get("upstream", ""),
         )
-    console.print(table)
+        for r in rows
+    ]
+    columns = ("upstream", "series", "patch", "state", "upstream status")
+    print_table("upstream drift radar", columns, lines, console)
 
 
 def _print_proofs(console, proofs: list[dict]) -> None:
-    from rich.table import Table
-
-    table = Table(title="proving tests on the stock nightly")
-    for col in ("fix", "cell", "stock nightly", "meaning"):
-        table.add_column(col)
     meaning = {
         "fail": "still needed",
         "pass": "[cyan]may have landed: check upstream[/]",
         "error": "[red]could not run[/]",
     }
-    for r in proofs:
-        table.add_row(
+    lines = [
+        (
             r["fix"],
             f"{r['backend']}/{r['topology']}",
             r["outcome"],
             meaning[r["outcome"]],
         )
-    console.print(table)
+        for r in proofs
+    ]
+    columns = ("fix", "cell", "stock nightly", "meaning")
+    print_table("proving tests on the stock nightly", columns, lines, console)

@@ -140,14 +140,9 @@ def _assert_same_logs(result, expected, where=""):
             zip(result[phase], expected[phase])
         ):
             assert sorted(logs) == NAMES, (where, phase, step, sorted(logs))
-            for name in NAMES:
-                np.testing.assert_allclose(
-                    logs[name],
-                    want[name],
-                    rtol=RTOL,
-                    atol=ATOL,
-                    err_msg=f"{where} {phase} step {step}: {name}",
-                )
+            data.assert_close_by_key(
+                logs, want, RTOL, ATOL, f"{where} {phase} step {step}: "
+            )
 
 
 # torch has no multi-device Model.fit: its multi-replica topologies are all
