@@ -523,12 +523,14 @@ def test_the_master_pr_series_sends_prs_and_never_a_carried_patch(
 
 def test_the_docs_self_review_follows_submission_toml():
     """docs/upstream.md's self-review is generated from submission.toml
-    (``fixes --readme``): one row a PR, numbered as the PR series is, and
-    the first PR is the shuffle regression's."""
+    (``fixes --readme``): one row a PR, numbered as the PR series is,
+    the PRs to send now first."""
     layout = pins.Layout.default()
     (base,) = pins.select_bases(layout, [MASTER])
-    order = submission.read_submission(layout, base)
-    assert "shuffle" in order[0].name
+    sub = submission.read(layout, base)
+    assert [p.number for p in sub.send_now] == list(
+        range(1, len(sub.send_now) + 1)
+    )
     docs = (layout.docs / "upstream.md").read_text()
     assert fixes.review_table(layout) in docs
 
