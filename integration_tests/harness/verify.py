@@ -110,8 +110,8 @@ class Run:
 
     @property
     def multi_process(self) -> bool:
-        """Whether its workers are processes of their own (every slot is
-        its, ``schedule.runs_to_start``)."""
+        """Whether its workers are processes of their own; such a run
+        holds every slot (``schedule.runs_to_start``)."""
         return (self.backend, self.topology) in topologies.MULTI_PROCESS
 
 
@@ -340,8 +340,8 @@ def _crash(code, log: Path) -> str:
 def execute(runs: list[Run], keras, out: Path, jobs: int, timeout: float):
     """Runs ``runs`` on ``jobs`` slots (``schedule.run_all``),
     single-process ones first, each multi-process one on every slot (its
-    workers take every core or GPU). Returns the results in ``runs``'
-    order."""
+    workers take every core or GPU). Returns the results in that order,
+    whichever run ends first."""
     ordered = sorted(runs, key=lambda r: r.multi_process)
     done = {}
 
