@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 
 from integration_tests.harness import options as cell_options
-from integration_tests.harness import schedule
 from keras_fork import options
 from keras_fork.bench import counts
 from keras_fork.bench import lockstep
@@ -28,6 +27,7 @@ from keras_fork.errors import ForkError
 from keras_fork.errors import check_known
 from keras_fork.outputs import replace_between
 from keras_fork.outputs import write_atomic
+from keras_fork.proof import prove
 from keras_fork.recipe import pins
 from keras_fork.recipe import submission
 
@@ -201,10 +201,7 @@ def main(args, layout: pins.Layout) -> int:
             (tables.DOCS_BEGIN, tables.DOCS_END),
         )
     console = Console(stderr=True, highlight=False)
-    try:
-        accelerator, gpus = schedule.accelerator(args.accelerator)
-    except ValueError as e:
-        raise ForkError(str(e)) from None
+    accelerator, gpus = prove.resolve_accelerator(args.accelerator)
     if accelerator == "gpu":
         cases = suite.with_enough_gpus(cases, gpus, console)
     docs = _measure_bases(args, layout, accelerator, cases, console)

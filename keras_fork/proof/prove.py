@@ -86,10 +86,7 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
             "fixes --check):\n  " + "\n  ".join(found)
         )
     cells = cells_lib.select(cells_lib.load_matrix(layout.fixes), args)
-    try:
-        accelerator, gpus = schedule.accelerator(args.accelerator)
-    except ValueError as e:
-        raise ForkError(str(e)) from None
+    accelerator, gpus = resolve_accelerator(args.accelerator)
     if accelerator == "gpu":
         cells = cells_lib.short_of_gpus(cells, gpus)
     bases = {c.base: pins.get_base(layout, c.base) for c in cells}
@@ -117,6 +114,18 @@ def plan(args, layout: pins.Layout, previous: dict) -> Plan:
     return Plan(
         cells, accelerator, bases, installed, overlays, units, todo, jobs
     )
+
+
+def resolve_accelerator(choice: str) -> tuple[str, int]:
+    """``schedule.accelerator(choice)``: ``(accelerator, gpus)``.
+
+    Raises:
+        ForkError: ``gpu`` where this process may use no GPU.
+    """
+    try:
+        return schedule.accelerator(choice)
+    except ValueError as e:
+        raise ForkError(str(e)) from None
 
 
 def with_prerequisites(layout, cells, bases, installed) -> list[Cell]:

@@ -362,13 +362,18 @@ def main(args, layout: pins.Layout) -> int:
     return 1 if bad else 0
 
 
+def _applies(row: dict) -> str:
+    """A row's "applies" cell: yes, or no with the error (rich markup)."""
+    return "yes" if row["applies"] else f"[red]no[/]: {row['error']}"
+
+
 def _print_alone(title: str, rows: list[dict], backends) -> None:
     """``rows`` (``check``'s) as a table, with its legend."""
     from rich.console import Console
 
     lines = []
     for r in rows:
-        applies = "yes" if r["applies"] else f"[red]no[/]: {r['error']}"
+        applies = _applies(r)
         cells = [
             f"{r.get('stock:' + b, '')} / {r.get(b, '')}"
             if r["applies"]
@@ -400,10 +405,7 @@ def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
     print_table(
         f"{base.version}'s PR series in order on {args.rev}",
         ("PR", "applies on the ones before it"),
-        [
-            (r["patch"], "yes" if r["applies"] else f"[red]no[/]: {r['error']}")
-            for r in rows
-        ],
+        [(r["patch"], _applies(r)) for r in rows],
         console,
     )
     for line in problems:
