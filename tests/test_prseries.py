@@ -8,6 +8,7 @@ These tests need no network and no real Keras; each builds a small fake
 import dataclasses
 import json
 import re
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -211,6 +212,32 @@ def test_the_pr_author_is_the_builders_git_identity(upstream):
     assert "\nFrom: Ada Lovelace <ada@example.org>\n" in patch
     cover = (out / "0000-cover-letter.patch").read_text()
     assert "\nAda Lovelace (1):\n  Reverse the order\n" in cover
+
+
+def test_a_folded_author_header_is_replaced_whole(tmp_path):
+    """A long ``From:`` header that ``git format-patch`` folded over two
+    lines is replaced whole: ``git mailinfo`` reads one name and one
+    e-mail, the builder's."""
+    text = (
+        "From 0 Mon Sep 17 00:00:00 2001\n"
+        "From: A very long name of the maintainers of a seed\n"
+        " <maintainers@users.noreply.example>\n"
+        "Date: Fri, 27 Nov 2026 01:32:29 +0000\n"
+        "Subject: [PATCH] Fix it\n\nBody.\n---\n"
+    )
+    patch = tmp_path / "0001.patch"
+    patch.write_text(
+        prseries.set_author(text, "Ada Lovelace <ada@example.org>")
+    )
+    info = subprocess.run(
+        ["git", "mailinfo", str(tmp_path / "msg"), str(tmp_path / "diff")],
+        input=patch.read_text(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "Author: Ada Lovelace\nEmail: ada@example.org\n" in info
+    assert "noreply" not in patch.read_text()
 
 
 def test_pr_description_sections_follow_the_message_labels():

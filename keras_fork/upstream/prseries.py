@@ -252,7 +252,7 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
             flags=re.M,
         )
         if author:
-            text = re.sub(r"^From: .*$", f"From: {author}", text, 1, re.M)
+            text = set_author(text, author)
         f.write_text(patchfile.strip_fork_trailers(text))
         f.with_suffix(".md").write_text(
             prbody.render_pr_body(
@@ -260,6 +260,31 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
             )
         )
     cover.write_text(_cover(base, infos, patches, author, bool(cells), width))
+
+
+def set_author(text: str, author: str) -> str:
+    """``text`` (a ``git format-patch`` file) with ``author`` in its
+    ``From:`` header.
+
+    The header may be folded over several lines (RFC 5322: a line that
+    starts with whitespace continues the one before; ``git format-patch``
+    folds a long name and address): the whole header is replaced, so that
+    ``git mailinfo`` reads ``author`` once.
+
+    Args:
+        text: the patch file's text.
+        author: ``Name <email>``.
+
+    Returns:
+        The text with its first ``From:`` header replaced.
+    """
+    return re.sub(
+        r"^From: .*(?:\n[ \t].*)*$",
+        f"From: {author}",
+        text,
+        count=1,
+        flags=re.M,
+    )
 
 
 def _write_waiting(layout, base, into: Path, sub, cells) -> None:
@@ -276,7 +301,7 @@ def _write_waiting(layout, base, into: Path, sub, cells) -> None:
         f = _copy_patches(into / "pending", [pr.patch], pr.number - 1)[0]
         text = f.read_text()
         if author:
-            text = re.sub(r"^From: .*$", f"From: {author}", text, 1, re.M)
+            text = set_author(text, author)
         f.write_text(patchfile.strip_fork_trailers(text))
         waits = (
             f"**Waits on** {pr.after.label}: {pr.after.title} "
