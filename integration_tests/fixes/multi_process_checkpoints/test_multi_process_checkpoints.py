@@ -4,10 +4,11 @@ In a multi-process job every process runs the callbacks of ``fit()``.
 Stock Keras has every process write the same ``ModelCheckpoint`` file and
 ``BackupAndRestore`` directory: on one file system, one process fails to
 lock the HDF5 file (``BlockingIOError``) and the others then die in their
-next collective. A save can take part in collectives (JAX gathers sharded
-variables), so every process must run it. The fork runs the save in every
-process and has only the chief (process 0) write the shared path; the
-others write to a temporary directory of their own and remove it. Proof:
+next collective. The fork runs the save in every process, as before, and
+has only the chief (JAX process 0, the worker ``tf.distribute``
+checkpoints from) write the shared path; the others write to a temporary
+directory of their own and remove it; when training begins the chief
+restores first and the others wait for it. Proof:
 2 processes train 3 epochs with a ``ModelCheckpoint`` saved at every step
 and a ``BackupAndRestore``, interrupted after epoch 2 and resumed; every
 process ends, with one device's weights, the checkpoint loads into a fresh
