@@ -8,13 +8,13 @@ These tests need no network and no real Keras; each builds a small fake
 import dataclasses
 import json
 import re
-import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from keras_fork import cli
+from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.proof import cells as cells_lib
 from keras_fork.proof import fixes
@@ -229,12 +229,12 @@ def test_a_folded_author_header_is_replaced_whole(tmp_path):
     patch.write_text(
         prseries.set_author(text, "Ada Lovelace <ada@example.org>")
     )
-    info = subprocess.run(
-        ["git", "mailinfo", str(tmp_path / "msg"), str(tmp_path / "diff")],
+    info = process.run_git(
+        None,
+        "mailinfo",
+        str(tmp_path / "msg"),
+        str(tmp_path / "diff"),
         input=patch.read_text(),
-        capture_output=True,
-        text=True,
-        check=True,
     ).stdout
     assert "Author: Ada Lovelace\nEmail: ada@example.org\n" in info
     assert "noreply" not in patch.read_text()

@@ -236,6 +236,21 @@ def identity_mae_model():
     return model
 
 
+def ones_mlp():
+    """A fresh ``Dense(3)`` then ``Dense(1)`` on rows of shape ``(4,)``,
+    kernels of ones, biases of zeros: the same weights in every process
+    and on every topology, with no seed."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(3, kernel_initializer="ones"),
+            keras.layers.Dense(1, kernel_initializer="ones"),
+        ]
+    )
+
+
 def identity_predictions(x, steps_per_execution=1, steps=None):
     """What ``predict`` returns for ``x`` (e.g. ``index_rows``) from a
     model whose two outputs are its input row and twice it (exact in

@@ -56,16 +56,6 @@ def _data():
     return x, y
 
 
-def _model():
-    return keras.Sequential(
-        [
-            keras.Input((4,)),
-            keras.layers.Dense(3, kernel_initializer="ones"),
-            keras.layers.Dense(1, kernel_initializer="ones"),
-        ]
-    )
-
-
 def _fit(scope, config, process=None):
     """Fits from fixed initial weights under ``scope``; flat weights.
 
@@ -75,7 +65,7 @@ def _fit(scope, config, process=None):
     x, y = _data()
     (x, y), batch_size = data.process_batches((x, y), GLOBAL_BATCH, process)
     with scope:
-        model = _model()
+        model = data.ones_mlp()
         model.compile(
             optimizer=keras.optimizers.SGD(0.1, **CONFIGS[config]),
             loss="mse",
@@ -110,14 +100,13 @@ def _assert_fits_match(runs, who):
     """Each worker's ``{config: [result, expected]}`` agree (``who``:
     "worker" or "process", for the message)."""
     for rank, fits in enumerate(runs):
-        for config, (result, expected) in fits.items():
-            np.testing.assert_allclose(
-                result,
-                expected,
-                rtol=RTOL,
-                atol=ATOL,
-                err_msg=f"{who} {rank}: {config}",
-            )
+        data.assert_close_by_key(
+            {config: result for config, (result, _) in fits.items()},
+            {config: expected for config, (_, expected) in fits.items()},
+            RTOL,
+            ATOL,
+            f"{who} {rank}: ",
+        )
 
 
 def _multiworker_fits(rank, world_size):
@@ -176,7 +165,7 @@ def _torch_loop(config, process=None):
     """
     x, y = _data()
     (x, y), batch_size = data.process_batches((x, y), GLOBAL_BATCH, process)
-    model = _model()
+    model = data.ones_mlp()
     optimizer = keras.optimizers.SGD(0.1, **CONFIGS[config])
     data.torch_train(
         model, optimizer, x, y, batch_size, EPOCHS, ddp=process is not None

@@ -59,16 +59,6 @@ def _data():
     return x, y
 
 
-def _model():
-    return keras.Sequential(
-        [
-            keras.Input((4,)),
-            keras.layers.Dense(3, kernel_initializer="ones"),
-            keras.layers.Dense(1, kernel_initializer="ones"),
-        ]
-    )
-
-
 def _flat(model):
     return np.concatenate([np.ravel(w) for w in model.get_weights()])
 
@@ -90,7 +80,7 @@ def _fit(scope, folder=None, process=None, fit_in_scope=True):
         batch_size=batch_size, epochs=EPOCHS, shuffle=False, verbose=0
     )
     with scope():
-        model = _model()
+        model = data.ones_mlp()
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     with scope() if fit_in_scope else contextlib.nullcontext():
         if folder is None:
@@ -126,7 +116,7 @@ def _assert_one_device(runs, folder):
         np.testing.assert_allclose(
             result, expected, rtol=RTOL, atol=ATOL, err_msg=f"process {rank}"
         )
-    model = _model()
+    model = data.ones_mlp()
     model.load_weights(os.path.join(folder, CHECKPOINT))
     np.testing.assert_allclose(
         _flat(model), runs[0][1], rtol=RTOL, atol=ATOL, err_msg="checkpoint"
