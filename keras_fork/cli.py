@@ -24,8 +24,11 @@ Verbs (the ``scripts/`` entry points call these):
 
 A verb's module gives ``add_arguments(parser)`` and ``main(args, layout)``;
 ``main`` returns the exit status. Only the chosen verb's module is imported,
-so each verb needs only what its own environment installs (``build`` and
-``--help``: ``requirements/build.txt``). Bad input raises ``ForkError``: the
+so each verb needs only what its own environment installs: every verb's
+``--help``, and every verb but ``TEST_STACK_VERBS``, run with
+``requirements/build.txt`` alone; those verbs (and ``status --proofs``)
+need ``requirements/test.txt`` and, without it, say so in one line and exit
+with 2 (``errors.require_test_stack``). Bad input raises ``ForkError``: the
 message is printed without a traceback and the exit status is 2 (as for a
 usage error); outputs are written whole or not at all (``keras_fork.outputs``).
 """
@@ -38,6 +41,7 @@ import sys
 from pathlib import Path
 
 from keras_fork.errors import ForkError
+from keras_fork.errors import require_test_stack
 from keras_fork.recipe import pins
 
 # verb -> (its module, with add_arguments and main; one-line help)
@@ -74,6 +78,11 @@ VERBS = {
         "PR series into dist/pr-series/<V>/, with the proof",
     ),
 }
+# The verbs that run Keras (its tests, the fixes' tests, the benchmarks):
+# checked for requirements/test.txt before they start.
+TEST_STACK_VERBS = frozenset(
+    {"prove", "bisect", "bench", "bench-matrix", "regressions", "pr-check"}
+)
 
 
 def _handlers(verb: str, module_name: str):
@@ -119,12 +128,15 @@ def main(argv=None) -> int:
 
     Returns:
         The verb's exit status; 2 for bad input (``ForkError``, or a usage
-        error from argparse, which exits itself).
+        error from argparse, which exits itself) and for a verb of
+        ``TEST_STACK_VERBS`` without the test stack.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser({chosen_verb(argv)}).parse_args(argv)
     layout = pins.Layout.default(args.root)
     try:
+        if args.verb in TEST_STACK_VERBS:
+            require_test_stack(args.verb)
         return args.func(args, layout)
     except ForkError as e:
         print(f"error: {e}", file=sys.stderr)

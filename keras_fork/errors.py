@@ -1,4 +1,9 @@
-"""The one error type the tooling raises for bad input."""
+"""The one error type the tooling raises for bad input, and the checks
+that raise it alike in every verb."""
+
+from __future__ import annotations
+
+import importlib.util
 
 
 class ForkError(Exception):
@@ -28,4 +33,43 @@ def check_known(option: str, given, valid) -> None:
         raise ForkError(
             f"unknown {option} {', '.join(map(repr, unknown))}; "
             f"valid: {', '.join(names)}"
+        )
+
+
+# What requirements/test.txt adds that a verb running Keras needs whatever
+# it selects (``filelock``: the variant installs), and the backends, of
+# which it needs one (a GPU runner may lack TensorFlow, docs/gpu.md).
+TEST_STACK = ("filelock", "numpy")
+BACKENDS = ("jax", "tensorflow", "torch")
+
+
+def _importable(name: str) -> bool:
+    """Whether top-level module ``name`` can be imported (not importing
+    it: TensorFlow takes seconds)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a finder that refuses it
+        return False
+
+
+def require_test_stack(what: str) -> None:
+    """Refuses ``what`` (a verb, e.g. ``prove``) in an environment made
+    from requirements/build.txt alone, before it starts.
+
+    Raises:
+        ForkError: ``prove needs the test environment (missing: filelock,
+            numpy, a backend: jax, tensorflow or torch): pip install -c
+            constraints.txt -r requirements/test.txt (scripts/test,
+            scripts/prove and scripts/bench install it into .venv)``.
+    """
+    missing = [name for name in TEST_STACK if not _importable(name)]
+    if not any(map(_importable, BACKENDS)):
+        *others, last = BACKENDS
+        missing.append(f"a backend: {', '.join(others)} or {last}")
+    if missing:
+        raise ForkError(
+            f"{what} needs the test environment (missing: "
+            f"{', '.join(missing)}): pip install -c constraints.txt -r "
+            "requirements/test.txt (scripts/test, scripts/prove and "
+            "scripts/bench install it into .venv)"
         )

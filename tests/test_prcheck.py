@@ -226,3 +226,57 @@ def test_lint_reads_what_the_series_changed_under_the_checkouts_config(
             problems = prcheck.lint(tree, commit)
         assert (problems == []) is clean, problems
     assert any("shuffle.py" in line for line in problems)
+
+
+def test_in_order_fails_on_a_hygiene_problem_and_names_its_file(
+    tmp_path, monkeypatch, capsys
+):
+    """``--in-order`` reads the written series' files too: a PR body that
+    names an internal PR number makes it exit 1 with a line naming the
+    body, though every PR applies and lints clean; each body's closing
+    references are listed."""
+    repo = _repo(tmp_path)
+    env = series.git_env(0)
+    (repo / "pyproject.toml").write_text("[tool.ruff]\n")
+    series.git(repo, "add", "-A", env=env)
+    series.git(repo, "commit", "-qm", "config", env=env)
+    layout = pins.Layout.default(tmp_path / "fork")
+    folder = layout.dist / "pr-series" / "9.9.9"
+    folder.mkdir(parents=True)
+    # Two PRs, the second made on the first, as the series is written.
+    test_file = repo / "keras/src/shuffle_test.py"
+    for name, test in (
+        ("0001-end", "\n\ndef test_end():\n    assert order(0) == []\n"),
+        ("0002-one", "\n\ndef test_one():\n    assert order(1) == [0]\n"),
+    ):
+        test_file.write_text(test_file.read_text() + test)
+        series.git(repo, "commit", "-qam", f"Add {name}", env=env)
+        (folder / f"{name}.patch").write_text(
+            series.git(repo, "format-patch", "--stdout", "-1", env=env)
+        )
+    series.git(repo, "reset", "-q", "--hard", "HEAD~2", env=env)
+    (folder / "0001-end.md").write_text("Fixes keras-team/keras#3\n")
+    (folder / "0002-one.md").write_text("Follows PR 1 in the fork's wheel.\n")
+    monkeypatch.setattr(
+        prcheck.pins, "get_base", lambda *a: argparse.Namespace(version="9.9.9")
+    )
+    monkeypatch.setattr(prcheck.prseries, "author_identity", lambda root: None)
+    args = argparse.Namespace(
+        base="9.9.9",
+        in_order=True,
+        upstream_repo=repo,
+        rev="master",
+        source="checkout",
+    )
+    assert prcheck.main(args, layout) == 1
+    out = capsys.readouterr().out
+    # One line a problem, however long.
+    line = (
+        "0002-one.md: line 1: names an internal PR number and the fork "
+        "('PR 1', \"fork's\", 'wheel')"
+    )
+    assert line in out.splitlines()
+    assert "keras-team/keras#3" in out and "hygiene: 1 problem(s)" in out
+    (folder / "0002-one.md").write_text("Follows the first.\n")
+    assert prcheck.main(args, layout) == 0
+    assert "hygiene: clean" in capsys.readouterr().out

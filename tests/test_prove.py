@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import filelock
 import numpy as np
 import pytest
 from rich.console import Console
@@ -353,7 +354,7 @@ def test_concurrent_variant_installs_take_turns(tmp_path, monkeypatch):
     monkeypatch.setattr(variants, "_install_into", fake)
     waiting = threading.Event()
 
-    class SignallingLock(variants.filelock.FileLock):
+    class SignallingLock(filelock.FileLock):
         def acquire(self, *args, **kwargs):
             waiting.set()
             return super().acquire(*args, **kwargs)
@@ -363,7 +364,7 @@ def test_concurrent_variant_installs_take_turns(tmp_path, monkeypatch):
         variants.pip_install_target, dest, ["k.whl"], "d1", "fork keras"
     )
     assert fake.entered.wait(timeout=30)
-    monkeypatch.setattr(variants.filelock, "FileLock", SignallingLock)
+    monkeypatch.setattr(filelock, "FileLock", SignallingLock)
     second, second_box = _in_thread(
         variants.pip_install_target, dest, ["k.whl"], "d1", "fork keras"
     )

@@ -447,8 +447,10 @@ def test_submission_toml_splits_the_series_into_prs_and_carried(upstream):
     ]
     (folder / "issues").mkdir()
     (folder / "issues" / "01-the-question.md").write_text("# The question\n")
+    (folder / "issues" / "02-the-bug.md").write_text("# The bug\n")
     (folder / submission.SUBMISSION_FILE).write_text(
         '[[pr]]\npatch = "c.patch"\nverdict = "MERGE AS IS"\n'
+        'reports = "the-bug"\n'
         '[[pr]]\npatch = "a.patch"\nafter = "the-question"\n'
         '[[carried]]\npatch = "b.patch"\nwhy = "waits"\n'
         'issue = "the-question"\n'
@@ -462,8 +464,10 @@ def test_submission_toml_splits_the_series_into_prs_and_carried(upstream):
     ]
     assert [p.patch.name for p in sub.pending] == ["a.patch"]
     assert submission.read_submission(layout, base)[1].name == "a.patch"
-    (issue,) = sub.issues
+    (issue,) = sub.design_issues
     assert (issue.label, issue.title) == ("issue 01", "The question")
+    (bug,) = sub.bug_reports
+    assert sub.fixed_by(bug) == sub.prs[0]
     assert sub.kind_of("b.patch") == sub.kind_of("d.patch") == "carried"
     assert [c.waits_on for c in sub.carried] == [
         "issue 01 (The question)",
@@ -476,8 +480,8 @@ def test_submission_toml_names_every_problem(upstream):
     (folder / "issues").mkdir()
     (folder / "issues" / "01-q.md").write_text("# Q\n")
     (folder / submission.SUBMISSION_FILE).write_text(
-        '[[pr]]\npatch = "a.patch"\nafter = "q"\n'
-        '[[pr]]\npatch = "x.patch"\n'
+        '[[pr]]\npatch = "a.patch"\nafter = "q"\nreports = "q"\n'
+        '[[pr]]\npatch = "x.patch"\nreports = "q"\n'
         '[[pr]]\npatch = "a.patch"\n'
         '[[carried]]\npatch = "c.patch"\nissue = "nowhere"\n'
         'upstream = "a PR"\n'
@@ -494,6 +498,9 @@ def test_submission_toml_names_every_problem(upstream):
         "listed twice: a.patch",
         "left out: b.patch",
         "a PR to send now follows one that waits on an issue",
+        "pr a.patch: a bug report's fix waits on none",
+        "issue 01: reported by two PRs",
+        "issue 01: a bug report that something waits on",
     ):
         assert problem in str(e.value)
 
@@ -537,13 +544,23 @@ def test_the_master_pr_series_sends_prs_and_never_a_carried_patch(
     names = [patchfile.format_patch_name(s) for s in subjects]
     assert not [n for n in names for f in numbered + pending if n in f]
     for issue in sub.issues:
+        # An issue goes upstream as written: no numbering of this series,
+        # no word of the fork.
         text = (out / "issues" / issue.path.name).read_text()
-        assert "### Waiting on this issue" in text
-        assert "nothing in this series" not in text, issue.path.name
+        assert text == issue.path.read_text()
+        assert not re.search(r"\bPRs? \d|\bfork\b|\bwheel", text), issue
+    for issue in sub.bug_reports:
+        pr = sub.fixed_by(issue)
+        (body,) = out.glob(f"{pr.number:04d}-*.md")
+        assert body.read_text().startswith("**Fixes** the bug report")
+    for issue in sub.design_issues:
+        assert any(p.after == issue for p in sub.pending) or any(
+            c.issue == issue for c in sub.carried
+        ), f"nothing waits on {issue.path.name}"
     for f in [*out.glob("[0-9]*.patch"), *out.glob("pending/*.patch")]:
         assert _chain_blobs(tree, f) == [], f.name
     cover = (out / "0000-cover-letter.patch").read_text()
-    for heading in ("Send now", "After their design issue", "Carried"):
+    for heading in ("Send now", "Bug reports", "After their", "Carried"):
         assert heading in cover
     assert all(s in cover for s in subjects)
 

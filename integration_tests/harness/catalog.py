@@ -30,8 +30,8 @@ Each folder holds the fix's proof tests (``test_*.py``, marked
   ...]``, the fixes a cell's scenario needs before it can show this fix's
   bug (e.g. ``multiworker-fit`` for ``fit`` under MultiWorkerMirrored).
   The cell's stock side is then stock plus exactly those fixes' patches
-  (``Cell.stock_side``, built by ``variants.install_prerequisites``), so a
-  proven cell proves its own fix, not another's bug;
+  (``cells.Cell.stock_side``, built by ``variants.install_prerequisites``),
+  so a proven cell proves its own fix, not another's bug;
   ``[base_prerequisites."<V>"]`` replaces some on one base (``[]``: none).
 
 The proof matrix (``Cell``) is the cells of every fix on every base.

@@ -30,8 +30,8 @@ class FitResult:
         weights: every weight of the model after ``fit``, flattened and
             concatenated (moving statistics included).
         step_losses: the loss ``fit`` reported after each step, (steps,).
-        history: ``fit``'s ``History.history`` (metric name to per-epoch
-            values).
+        history: ``fit``'s ``keras.callbacks.History.history`` (metric
+            name to per-epoch values).
         evaluated: what ``evaluate`` returned after ``fit``.
     """
 

@@ -303,7 +303,7 @@ def _ini_options(out: Path) -> list[str]:
 
 def results_of(r: Run, junit, code, log: Path) -> list[Result]:
     """Each fix's status in a finished run, from its JUnit cases (each
-    carries its fix as a property, ``selection.proof_properties``): a
+    carries its fix as a property, ``selection.record_properties``): a
     failing or erroring case makes it ``broken`` (detail: the first one),
     else a passing one ``fixed``, else all skipped: ``n/a`` with the skip
     reason. A fix with no case (the run crashed or was killed) is

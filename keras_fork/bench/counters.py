@@ -112,11 +112,12 @@ def _tf_in_step_graph():
 
 class TFReductionCounter:
     """Counts the cross-replica reductions of a ``tf.distribute`` training
-    step, by wrapping the public entry points: ``ReplicaContext.all_reduce``
-    (gradient aggregation), ``Strategy.reduce`` and
-    ``StrategyExtended.reduce_to`` / ``batch_reduce_to`` (reads of on-read
-    variables such as metric state, on-write updates, per-replica
-    outputs), one count per outermost call
+    step, by wrapping the public entry points:
+    ``tf.distribute.ReplicaContext.all_reduce`` (gradient aggregation),
+    ``tf.distribute.Strategy.reduce`` and
+    ``tf.distribute.StrategyExtended.reduce_to`` / ``batch_reduce_to``
+    (reads of on-read variables such as metric state, on-write updates,
+    per-replica outputs), one count per outermost call
     (https://www.tensorflow.org/api_docs/python/tf/distribute).
 
     ``traced``: calls made while tracing the training step (or the control

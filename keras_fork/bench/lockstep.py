@@ -40,7 +40,7 @@ METHOD = "lockstep"
 class LiveWorker:
     """A benchmark worker that measures when told to (lockstep).
 
-    The benchmark's side of ``worker.Gate``: this listens on a free
+    The benchmark's side of ``protocol.Gate``: this listens on a free
     port of 127.0.0.1, starts the worker in its own session with
     ``BENCH_GATE`` pointing there, and ``turn`` runs one repetition. Every
     wait is bounded (``timeout`` seconds) and fails early when the worker

@@ -18,14 +18,15 @@ def ddp_step(opts, gate):
     """Mean step time (seconds) of each epoch after the first of a Keras
     model trained in a torch ``DistributedDataParallel`` loop
     (``data.torch_train``, the Keras guide's way to train on several
-    devices with PyTorch: ``Model.fit`` has no multi-device mode there) by
-    ``opts["processes"]`` gloo processes on 127.0.0.1, each feeding its part
-    of every global batch of ``opts["batch_size"]``. Per epoch, the slower
-    process's time (the all-reduce in ``backward`` keeps them in step);
-    the peak memory is the larger of the processes'. With ``opts["work"]``,
-    the calls per step of the process that makes more. In lockstep, rank 0
-    holds the gate (``gate`` is not used here) and the processes meet at a
-    barrier around each epoch, whose time is then the slower's."""
+    devices with PyTorch: ``keras.Model.fit`` has no multi-device mode
+    there) by ``opts["processes"]`` gloo processes on 127.0.0.1, each
+    feeding its part of every global batch of ``opts["batch_size"]``. Per
+    epoch, the slower process's time (the all-reduce in ``backward`` keeps
+    them in step); the peak memory is the larger of the processes'. With
+    ``opts["work"]``, the calls per step of the process that makes more. In
+    lockstep, rank 0 holds the gate (``gate`` is not used here) and the
+    processes meet at a barrier around each epoch, whose time is then the
+    slower's."""
     _, result = _run_processes("_ddp_worker", opts)
     if opts.get("work"):
         result["graph"] = None

@@ -160,9 +160,9 @@ def upstream_status(fix: cells_lib.Fix, patches: dict) -> str:
 
 def counts(fix: cells_lib.Fix, proof: dict) -> dict:
     """``{"proven": n, "guard": n, "n/a": n, "source": ...}`` of a fix's
-    cells: the verdicts of ``proof`` (``prove.load_previous`` of
+    cells: the verdicts of ``proof`` (``runner.load_previous`` of
     ``dist/proof.json``) where it has every cell, else the declared ones
-    (``source`` says which); a problem verdict (``fixes.PROBLEMS``:
+    (``source`` says which); a problem verdict (``cells.PROBLEMS``:
     ``vacuous``, ``guard-failed-on-stock``, ``broken``) is counted under
     its own name."""
     cells = cells_lib.fix_cells(fix)

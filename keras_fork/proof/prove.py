@@ -8,7 +8,7 @@ selected cell of one base, variant, backend and topology, and each cell
 reads its own cases off it (``groups``); a cell whose run could not run its
 tests runs again on its own.
 
-Verdicts (the contract of ``dist/proof.json``, ``fixes.verdict``):
+Verdicts (the contract of ``dist/proof.json``, ``cells.verdict``):
 
 * ``proven``: stock fails, fork passes;
 * ``guard``: passes on both where the fix's cell says ``guard``;
@@ -377,7 +377,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def _why(row: dict) -> str:
-    """Why a problem cell (``fixes.PROBLEMS``) is one, for ``_report``."""
+    """Why a problem cell (``cells.PROBLEMS``) is one, for ``_report``."""
     runs = row["runs"]
     why = "; ".join(f"{v}: {run['detail']}" for v, run in runs.items())
     if row["verdict"] == cells_lib.GUARD_FAILED:
@@ -397,7 +397,7 @@ def _why(row: dict) -> str:
 
 
 def _report(ran: list[dict], console) -> int:
-    """Names every problem cell (``fixes.PROBLEMS``: ``vacuous``,
+    """Names every problem cell (``cells.PROBLEMS``: ``vacuous``,
     ``guard-failed-on-stock``, ``broken``) and why; prints the closing
     line. Returns 1 when there is one, else 0."""
     from rich.markup import escape
@@ -420,7 +420,7 @@ def main(args, layout: pins.Layout) -> int:
     ``dist/proof.*`` (the ``pr-series`` verb puts them into the PR bodies).
 
     Returns:
-        0 when no selected cell is a problem (``fixes.PROBLEMS``:
+        0 when no selected cell is a problem (``cells.PROBLEMS``:
         ``vacuous``, ``guard-failed-on-stock``, ``broken``), else 1.
     """
     from rich.console import Console

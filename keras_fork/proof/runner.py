@@ -95,9 +95,9 @@ class Where:
         keras_dir: the variant's keras (a ``pip --target`` folder).
         keras_version: the version that keras must report.
         overlay: the base's test overlay, or None.
-        fixes: the folder of the fix folders (``Layout.fixes``).
-        root: the layout's root (``Layout.root``): a run's result names its
-            files relative to it.
+        fixes: the folder of the fix folders (``pins.Layout.fixes``).
+        root: the layout's root (``pins.Layout.root``): a run's result
+            names its files relative to it.
         accelerator: ``cpu`` or ``gpu``.
         extra_env: variables every process of the run gets besides its
             topology's (``variants.compile_cache_env``).

@@ -19,8 +19,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import filelock
-
 from keras_fork import process
 from keras_fork.errors import ForkError
 from keras_fork.recipe import patchfile
@@ -338,6 +336,8 @@ def pip_install_target(
     stamp = dest / STAMP
     if _stamp_matches(stamp, digest):
         return dest
+    import filelock  # requirements/test.txt: only an install needs it
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     lock = dest.parent / f".{dest.name}.lock"
     try:

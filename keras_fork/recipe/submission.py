@@ -10,6 +10,7 @@ which is said in one place, ``patches/<V>/submission.toml``:
     [[pr]]                      # one a PR, in the order they are sent
     patch = "<file>.patch"
     after = "<slug>"            # optional: waits on issues/NN-<slug>.md
+    reports = "<slug>"          # optional: the bug report it fixes
     verdict = "MERGE AS IS"     # the self-review's verdict
     note = "what is left"       # optional
 
@@ -19,10 +20,12 @@ which is said in one place, ``patches/<V>/submission.toml``:
     issue = "<slug>"            # the design issue it waits on, or
     upstream = "keras-team/keras#N"   # the open upstream PR it duplicates
 
-``patches/<V>/issues/NN-<slug>.md`` are the design issues to open on
-keras-team/keras before the PRs that wait on them (Keras CONTRIBUTING: a
-complex PR without a prior issue may be closed), numbered by ``NN``, each
-starting with a ``# <title>`` line.
+``patches/<V>/issues/NN-<slug>.md`` are the issues to open on
+keras-team/keras, numbered by ``NN``, each starting with a ``# <title>``
+line: a bug report, named by the ``reports`` of the PR to send now that
+fixes it (opened with that PR, which then says ``Fixes #N``), or else a
+design issue, opened before the PRs that wait on it (Keras CONTRIBUTING: a
+complex PR without a prior issue may be closed).
 
 The PRs are numbered 1, 2, ... in file order; every PR to send now comes
 before every PR that waits on a design issue, so the PRs to send now are
@@ -53,7 +56,8 @@ _UPSTREAM_REF = re.compile(r"^[\w.-]+/[\w.-]+#\d+$")
 
 @dataclasses.dataclass(frozen=True)
 class DesignIssue:
-    """A design issue to open upstream: ``issues/NN-<slug>.md``."""
+    """An issue to open upstream, ``issues/NN-<slug>.md``: a design issue,
+    or a bug report when a PR ``reports`` it (``Submission.bug_reports``)."""
 
     number: int
     slug: str
@@ -80,6 +84,7 @@ class PR:
     after: DesignIssue | None
     verdict: str
     note: str
+    reports: DesignIssue | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +123,20 @@ class Submission:
     def pending(self) -> tuple[PR, ...]:
         """The PRs that wait on a design issue."""
         return tuple(p for p in self.prs if p.after is not None)
+
+    @property
+    def bug_reports(self) -> tuple[DesignIssue, ...]:
+        """The issues a PR to send now fixes (its ``reports``)."""
+        return tuple(i for i in self.issues if self.fixed_by(i))
+
+    @property
+    def design_issues(self) -> tuple[DesignIssue, ...]:
+        """The issues that are not bug reports."""
+        return tuple(i for i in self.issues if not self.fixed_by(i))
+
+    def fixed_by(self, issue: DesignIssue) -> PR | None:
+        """The PR whose ``reports`` is ``issue``, or None."""
+        return next((p for p in self.prs if p.reports == issue), None)
 
     def kind_of(self, name: str) -> str | None:
         """``"pr"``, ``"carried"`` or None for a patch file name."""
@@ -175,8 +194,10 @@ def read(layout: Layout, base: Base) -> Submission:
         ForkError: ``submission.toml`` is not valid TOML, names a patch that
             is not in ``.patches`` or names one twice, leaves one out, names
             an unknown design issue, has a carried patch without ``why`` or
-            without exactly one of ``issue``/``upstream``, or lists a PR to
-            send now after one that waits; ``read_series`` errors. Each
+            without exactly one of ``issue``/``upstream``, lists a PR to
+            send now after one that waits, has a PR that both ``reports``
+            and waits, or a bug report that two PRs report or that a PR or
+            carried patch waits on; ``read_series`` errors. Each
             message names the file.
     """
     chain = series.read_series(layout, base)
@@ -218,8 +239,11 @@ def _parse(doc: dict, known: dict[str, Path], issues) -> Submission:
                 issue(entry.get("after")),
                 entry.get("verdict", ""),
                 entry.get("note", ""),
+                issue(entry.get("reports")),
             )
         )
+        if "reports" in entry and "after" in entry:
+            problems.append(f"pr {seen[-1]}: a bug report's fix waits on none")
     for entry in doc.get("carried", []):
         seen.append(entry.get("patch", ""))
         if not entry.get("why"):
@@ -237,6 +261,13 @@ def _parse(doc: dict, known: dict[str, Path], issues) -> Submission:
             )
         )
     problems += _coverage_problems(seen, known)
+    reported = [p.reports for p in prs if p.reports]
+    waited = {p.after for p in prs} | {c.issue for c in carried}
+    for i in sorted(set(reported), key=lambda i: i.number):
+        if reported.count(i) > 1:
+            problems.append(f"{i.label}: reported by two PRs")
+        if i in waited:
+            problems.append(f"{i.label}: a bug report that something waits on")
     waiting = [p.after is not None for p in prs]
     if waiting != sorted(waiting):
         problems.append("a PR to send now follows one that waits on an issue")

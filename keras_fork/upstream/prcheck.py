@@ -38,6 +38,8 @@ from keras_fork.proof import kerastests
 from keras_fork.recipe import pins
 from keras_fork.recipe import submission
 from keras_fork.upstream import checkout
+from keras_fork.upstream import hygiene
+from keras_fork.upstream import prseries
 
 BACKENDS = topologies.BACKENDS
 # pytest's exit status when the selection leaves no test to run
@@ -272,7 +274,9 @@ def add_arguments(p) -> None:
         action="store_true",
         help="apply the written PR series (dist/pr-series/<V>/, pending/ "
         "included) with git am -3, each on top of the ones before it, in "
-        "the order they are sent; no tests run",
+        "the order they are sent, and check each file's hygiene (author, "
+        "no internal PR number or fork named, closing references); no "
+        "tests run",
     )
     p.add_argument(
         "--pr",
@@ -390,12 +394,20 @@ def _print_alone(title: str, rows: list[dict], backends) -> None:
 
 
 def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
-    """``pr-check --in-order``: prints one row a PR, then the lint of the
-    merged result; 1 when a PR does not apply on top of the ones sent
-    before it or the result does not lint clean."""
+    """``pr-check --in-order``: prints one row a PR (it applies on the ones
+    before it; its hygiene problems; its body's closing references, for a
+    person to check), a line per hygiene problem naming its file
+    (``hygiene.check_series``), then the lint of the merged result; 1 when
+    a PR does not apply on top of the ones sent before it, a file breaks a
+    hygiene rule, or the result does not lint clean."""
     from rich.console import Console
+    from rich.markup import escape
 
     files = series_files(layout, base)
+    folder = layout.dist / "pr-series" / base.version
+    report = hygiene.check_series(
+        folder, files, prseries.author_identity(layout.root)
+    )
     with checkout.worktree(
         args.upstream_repo, args.rev, args.source, layout, base
     ) as (tree, commit):
@@ -404,12 +416,44 @@ def _main_in_order(args, layout: pins.Layout, base: pins.Base) -> int:
     console = Console(highlight=False)
     print_table(
         f"{base.version}'s PR series in order on {args.rev}",
-        ("PR", "applies on the ones before it"),
-        [(r["patch"], _applies(r)) for r in rows],
+        (
+            "PR",
+            "applies on the ones before it",
+            "hygiene",
+            "closes (check by hand)",
+        ),
+        [
+            (
+                r["patch"],
+                _applies(r),
+                _hygiene(report.of(f, f.with_suffix(".md"))),
+                escape(", ".join(report.fixes.get(f, [])) or "-"),
+            )
+            for f, r in zip(files, rows, strict=True)
+        ],
         console,
+    )
+    for path, problem in report.problems:
+        console.print(
+            f"{path.relative_to(folder)}: {problem}",
+            markup=False,
+            soft_wrap=True,  # one line a problem, whatever the width
+        )
+    console.print(
+        "hygiene: "
+        + (f"{len(report.problems)} problem(s)" if report.problems else "clean")
+        + " (author as git mailinfo reads it, internal PR numbers and "
+        "the fork, closing references)"
     )
     for line in problems:
         console.print(line, markup=False)
     verdict = "lint: " + ("failed" if problems else "clean") + " (ruff)"
     console.print(verdict + ", the checkout's configuration, on what changed")
-    return 0 if all(r["applies"] for r in rows) and not problems else 1
+    applied = all(r["applies"] for r in rows)
+    return 0 if applied and not problems and not report.problems else 1
+
+
+def _hygiene(problems: list[str]) -> str:
+    """A row's "hygiene" cell: clean, or the number of problems of the PR's
+    patch and body (rich markup)."""
+    return f"[red]{len(problems)} problem(s)[/]" if problems else "clean"

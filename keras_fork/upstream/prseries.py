@@ -199,6 +199,7 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
         infos += [patchfile.parse_patch(p) for p in repo_only]
         _finish(layout, base, files, infos, cells)
         if not base.sdist_tests:
+            _write_reports(into, sub)
             _write_waiting(layout, base, into, sub, cells)
             files[0].write_text(files[0].read_text() + _groups(sub))
     shutil.rmtree(into / ".cut", ignore_errors=True)
@@ -287,6 +288,20 @@ def set_author(text: str, author: str) -> str:
     )
 
 
+def _write_reports(into: Path, sub) -> None:
+    """Opens the body of each PR to send now that fixes a bug report of
+    ``issues/`` by naming it: the report is opened with the PR, whose
+    ``Fixes`` line then names its number."""
+    for issue in sub.bug_reports:
+        pr = sub.fixed_by(issue)
+        (body,) = into.glob(f"{pr.number:04d}-*.md")
+        body.write_text(
+            f"**Fixes** the bug report {issue.label}: {issue.title} "
+            f"(`issues/{issue.path.name}`). Open it with this PR and write "
+            "`Fixes #<its number>` under Description.\n\n" + body.read_text()
+        )
+
+
 def _write_waiting(layout, base, into: Path, sub, cells) -> None:
     """Writes ``pending/`` (each PR that waits on a design issue, as
     ``NNNN-*.patch`` with its body, which opens by naming the issue) and
@@ -320,11 +335,17 @@ def _write_waiting(layout, base, into: Path, sub, cells) -> None:
     if sub.issues:
         (into / "issues").mkdir()
     for issue in sub.issues:
-        waiting = sub.waiting_on(issue) or ["nothing in this series"]
-        text = issue.path.read_text().rstrip("\n")
-        text += "\n\n### Waiting on this issue\n\n"
-        text += "".join(f"- {w}\n" for w in waiting)
-        (into / "issues" / issue.path.name).write_text(text)
+        # What waits on an issue is the cover letter's and submission.toml's
+        # to say: the issue goes upstream as it is written.
+        shutil.copyfile(issue.path, into / "issues" / issue.path.name)
+
+
+def _waiters(sub, issue) -> list[str]:
+    """What waits on ``issue``: the numbers of its PRs, ``carried`` for a
+    carried patch."""
+    out = [str(p.number) for p in sub.pending if p.after == issue]
+    out += ["carried" for c in sub.carried if c.issue == issue]
+    return out
 
 
 def _groups(sub) -> str:
@@ -337,8 +358,18 @@ def _groups(sub) -> str:
 
     lines = ["", "Send now, in this order:"]
     lines += [f"  {p.number:2d}. {subject(p.patch)}" for p in sub.send_now]
+    lines += ["", "Bug reports to open, each with the PR that fixes it (issues/):"]
+    lines += [
+        f"  {i.label}: {i.title} (fixed by {sub.fixed_by(i).number})"
+        for i in sub.bug_reports
+    ] or ["  none"]
     lines += ["", "Design issues to open first (issues/):"]
-    lines += [f"  {i.label}: {i.title}" for i in sub.issues] or ["  none"]
+    lines += [
+        f"  {i.label}: {i.title} (waited on by "
+        + (", ".join(_waiters(sub, i)) or "nothing in this series")
+        + ")"
+        for i in sub.design_issues
+    ] or ["  none"]
     lines += ["", "After their design issue (pending/):"]
     lines += [
         f"  {p.number:2d}. {subject(p.patch)} (after {p.after.label})"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from keras_fork import process
 from keras_fork.errors import ForkError
+from keras_fork.errors import require_test_stack
 from keras_fork.outputs import print_table
 from keras_fork.recipe import patchfile
 from keras_fork.recipe import pins
@@ -105,7 +106,7 @@ def check_series(tree: Path, patches: list[Path]) -> list[str]:
 
 def radar(layout: pins.Layout, nightly: bool) -> list[dict]:
     """One row per (target, patch): target, shipped, series, patch, state,
-    upstream (``PatchInfo.upstream_status``).
+    upstream (``patchfile.PatchInfo.upstream_status``).
 
     Each series is checked against its own base and the nightly; repo-only
     patches (files the sdist lacks) are reported, not checked.
@@ -233,13 +234,15 @@ def main(args, layout: pins.Layout) -> int:
         1 when a patch of a shipped base conflicts with that base, else 0.
 
     Raises:
-        ForkError: ``--proofs`` with ``--no-nightly``; download, hash or
-            series problems.
+        ForkError: ``--proofs`` with ``--no-nightly`` or without the test
+            stack; download, hash or series problems.
     """
     from rich.console import Console
 
     if args.proofs and args.no_nightly:
         raise ForkError("--proofs needs the nightly (drop --no-nightly)")
+    if args.proofs:
+        require_test_stack("status --proofs")
     console = Console(highlight=False)
     rows = radar(layout, nightly=not args.no_nightly)
     _print_radar(console, rows)

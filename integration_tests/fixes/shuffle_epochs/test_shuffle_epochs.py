@@ -5,9 +5,10 @@ epoch ``e``): epochs differ, every sample is seen once per epoch, and a run
 resumed at ``initial_epoch`` from a saved ``.keras`` model equals the
 uninterrupted run. Stock repeats the same order every epoch on the tf.data
 path (TensorFlow backend) and replays the first epochs' orders after a
-resume on the NumPy/JAX and torch paths. On the master base the tf.data
-path's resume is a patch the fork carries on top of its PRs (the design
-question is open: design issue 08 of the master PR series).
+resume on the NumPy/JAX and torch paths. On the master base the Keras
+seed's part of the tf.data path's order is a patch the fork carries on top
+of its PRs (whether the seed decides the order is a design question of the
+master PR series).
 """
 
 import keras
