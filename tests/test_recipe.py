@@ -320,6 +320,32 @@ def test_wheel_is_reproducible_labelled_and_carries_the_manifest(upstream):
     assert [p.name for p in layout.dist.iterdir()] == [first.name]
 
 
+def test_wheel_carries_its_changelog_entry(upstream):
+    layout, base, _ = upstream
+    tree = series.materialize(layout, base)
+    (layout.root / wheel.CHANGELOG).write_text(
+        "# Changelog\n\n## 9.9.9+fork.10\n\nNot this one.\n\n"
+        "## 8.0.0+fork.3 and 9.9.9+fork.1\n\n- What changed.\n"
+    )
+    built = wheel.build(layout, base, tree)
+    with zipfile.ZipFile(built) as z:
+        entry = z.read(f"keras-9.9.9+fork.1.dist-info/{wheel.CHANGELOG_ENTRY}")
+    assert (
+        entry.decode()
+        == "## 8.0.0+fork.3 and 9.9.9+fork.1\n\n- What changed.\n"
+    )
+    (layout.root / wheel.CHANGELOG).write_text("## 9.9.9+fork.10\n")
+    with pytest.raises(ForkError, match="no entry for 9.9.9\\+fork.1"):
+        wheel.build(layout, base, tree)
+
+
+def test_every_wheel_version_has_a_changelog_entry():
+    layout = pins.Layout.default()
+    for base in pins.select_bases(layout, None):
+        entry = wheel.changelog_entry(layout, base)
+        assert base.fork_version in entry.splitlines()[0]
+
+
 def test_wheel_manifest_readable_through_importlib_metadata(upstream, tmp_path):
     layout, base, _ = upstream
     whl = wheel.build(layout, base, series.materialize(layout, base))

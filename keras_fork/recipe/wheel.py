@@ -8,7 +8,8 @@
 * reproducible: SOURCE_DATE_EPOCH is the upstream release time and the umask
   is 022, so two builds from the same inputs are byte-identical;
 * carries ``FORK_PATCHES.json`` in its ``.dist-info``, readable with
-  ``importlib.metadata.distribution("keras").read_text("FORK_PATCHES.json")``.
+  ``importlib.metadata.distribution("keras").read_text("FORK_PATCHES.json")``,
+  and its own entry of ``CHANGELOG.md`` as ``FORK_CHANGELOG.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from keras_fork.recipe.pins import Base
 from keras_fork.recipe.pins import Layout
 
 MANIFEST = "FORK_PATCHES.json"
+CHANGELOG = "CHANGELOG.md"
+CHANGELOG_ENTRY = "FORK_CHANGELOG.md"
 VERSION_FILE = "keras/src/version.py"
 
 
@@ -173,11 +176,46 @@ def _build_unpacked(tree: Path, tmp: Path, base: Base, env) -> None:
     )
 
 
-def _add_manifest(tmp: Path, base: Base, manifest: list, env) -> None:
-    """Writes ``FORK_PATCHES.json`` into the unpacked wheel under
-    ``tmp/unpacked`` and packs it again into ``tmp/packed``."""
+def changelog_entry(layout: Layout, base: Base) -> str | None:
+    """The entry of ``base``'s wheel in ``CHANGELOG.md``: the ``## `` section
+    whose heading names its version (``3.15.1+fork.22``; one heading may
+    name the versions of several bases), heading included.
+
+    Returns:
+        The entry's text, or None where the layout has no ``CHANGELOG.md``
+        (a test's fake upstream).
+
+    Raises:
+        ForkError: ``CHANGELOG.md`` has no entry for the version (every
+            wheel version has one, docs/adding-a-fix.md).
+    """
+    path = layout.root / CHANGELOG
+    if not path.is_file():
+        return None
+    version = re.escape(base.fork_version)
+    entry = re.search(
+        rf"^## [^\n]*(?<![\w.+]){version}(?![\w.+])[^\n]*\n.*?(?=^## |\Z)",
+        path.read_text(),
+        flags=re.M | re.S,
+    )
+    if not entry:
+        raise ForkError(
+            f"{path.name} has no entry for {base.fork_version}: add a "
+            f"'## {base.fork_version}' section saying what changed"
+        )
+    return entry[0].rstrip() + "\n"
+
+
+def _add_manifest(
+    tmp: Path, base: Base, manifest: list, entry: str | None, env
+) -> None:
+    """Writes ``FORK_PATCHES.json`` (and the wheel's changelog ``entry``)
+    into the unpacked wheel under ``tmp/unpacked`` and packs it again into
+    ``tmp/packed``."""
     (root,) = (tmp / "unpacked").iterdir()
     (info,) = root.glob("*.dist-info")
+    if entry is not None:
+        (info / CHANGELOG_ENTRY).write_text(entry)
     (info / MANIFEST).write_text(
         json.dumps(
             {
@@ -219,14 +257,16 @@ def build(
         The wheel's path.
 
     Raises:
-        ForkError: the build frontend, or the manifest step, failed.
+        ForkError: the build frontend, or the manifest step, failed;
+            ``CHANGELOG.md`` has no entry for the wheel's version.
     """
     epoch = sdist_lib.source_date_epoch(layout.cache / base.sdist_name, base)
     manifest = patch_manifest(layout, base)
+    entry = changelog_entry(layout, base)
     layout.dist.mkdir(parents=True, exist_ok=True)
     with reproducible_build(layout, ".wheel.", epoch) as (tmp, env):
         _build_unpacked(tree, tmp, base, env)
-        _add_manifest(tmp, base, manifest, env)
+        _add_manifest(tmp, base, manifest, entry, env)
         (packed,) = (tmp / "packed").glob("*.whl")
         if packed.name != base.wheel_name:
             raise ForkError(f"built {packed.name}, expected {base.wheel_name}")

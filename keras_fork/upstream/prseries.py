@@ -386,7 +386,7 @@ def author_identity(root: Path) -> str | None:
     """``Name <email>`` from the git configuration of the person building
     (``git config user.name`` / ``user.email`` in ``root``), or None when
     either is unset: the series' commits carry the fork's placeholder
-    identity, which must not reach upstream (docs/upstream.md)."""
+    identity, which must not reach upstream (docs/sending-prs.md)."""
     values = []
     for key in ("user.name", "user.email"):
         values.append(
