@@ -337,7 +337,12 @@ def test_the_bodies_carry_the_proof_when_dist_has_one(upstream):
     ]
     (layout.dist / "proof.json").write_text(json.dumps({"cells": cells}))
     out = _pr_series(layout, "--base", base.version)
-    body = (out / "0001-Reverse-the-order.md").read_text()
+    # Not in the body a reviewer reads: beside it, for the submitter.
+    assert (
+        "integration test"
+        not in (out / "0001-Reverse-the-order.md").read_text().lower()
+    )
+    body = (out / "integration" / "0001-Reverse-the-order.md").read_text()
     assert f"### Integration tests on keras {base.version}\n" in body
     assert "Integration tests of this change on CPU and GPU, without" in body
     assert "| jax | 8 devices, `DataParallel` | fail | pass | fixed |" in body
@@ -350,7 +355,7 @@ def test_the_bodies_carry_the_proof_when_dist_has_one(upstream):
     assert "| jax | one device |" not in body  # another fix's cell
     assert not re.search(r"\bstock\b|mirrored-2|\bcells?\b", body, re.I)
     cover = (out / "0000-cover-letter.patch").read_text()
-    assert "\nIntegration test results: in each PR body\n" in cover
+    assert "\nIntegration test results: integration/, one file a PR" in cover
 
 
 def test_pr_series_of_an_empty_series_is_an_empty_folder(upstream):
@@ -401,9 +406,11 @@ def test_master_pr_bodies_read_as_a_colleagues():
         body = prbody.render_pr_body(info, base, cells, issue, None, summaries)
         runs = [c for c in cells if c["fix"] in info.fixes]
         runs = [c for c in runs if c["verdict"] != "n/a"]
-        # A PR with no running cell has none.
-        has_proof = "### Integration tests on keras-nightly" in body
-        assert has_proof == bool(runs), info.name
+        # A PR with no running cell has no integration notes.
+        notes = prbody.integration_notes(info, base, cells, summaries)
+        assert bool(notes) == bool(runs), info.name
+        assert "Integration tests" not in body, info.name
+        body += notes
         assert not re.search(r"\bstock\b", body, re.I), info.name
         # A body stands alone: no other PR of the series by its number.
         assert not re.search(r"\bPRs? \d+", body), info.name
@@ -498,7 +505,6 @@ def test_submission_toml_names_every_problem(upstream):
         "listed twice: a.patch",
         "left out: b.patch",
         "a PR to send now follows one that waits on an issue",
-        "pr a.patch: a bug report's fix waits on none",
         "issue 01: reported by two PRs",
         "issue 01: a bug report that something waits on",
     ):
@@ -551,8 +557,9 @@ def test_the_master_pr_series_sends_prs_and_never_a_carried_patch(
         assert not re.search(r"\bPRs? \d|\bfork\b|\bwheel", text), issue
     for issue in sub.bug_reports:
         pr = sub.fixed_by(issue)
-        (body,) = out.glob(f"{pr.number:04d}-*.md")
-        assert body.read_text().startswith("**Fixes** the bug report")
+        folder = out / "pending" if pr.after else out
+        (body,) = folder.glob(f"{pr.number:04d}-*.md")
+        assert "**Fixes** the bug report" in body.read_text()
     for issue in sub.design_issues:
         assert any(p.after == issue for p in sub.pending) or any(
             c.issue == issue for c in sub.carried

@@ -22,9 +22,10 @@ which is said in one place, ``patches/<V>/submission.toml``:
 
 ``patches/<V>/issues/NN-<slug>.md`` are the issues to open on
 keras-team/keras, numbered by ``NN``, each starting with a ``# <title>``
-line: a bug report, named by the ``reports`` of the PR to send now that
-fixes it (opened with that PR, which then says ``Fixes #N``), or else a
-design issue, opened before the PRs that wait on it (Keras CONTRIBUTING: a
+line: a bug report, named by the ``reports`` of the PR that fixes it
+(opened with that PR when it is sent now, which then says ``Fixes #N``;
+opened at once when the fix waits on a design issue), or else a design
+issue, opened before the PRs that wait on it (Keras CONTRIBUTING: a
 complex PR without a prior issue may be closed).
 
 The PRs are numbered 1, 2, ... in file order; every PR to send now comes
@@ -126,7 +127,7 @@ class Submission:
 
     @property
     def bug_reports(self) -> tuple[DesignIssue, ...]:
-        """The issues a PR to send now fixes (its ``reports``)."""
+        """The issues a PR fixes (its ``reports``)."""
         return tuple(i for i in self.issues if self.fixed_by(i))
 
     @property
@@ -195,9 +196,9 @@ def read(layout: Layout, base: Base) -> Submission:
             is not in ``.patches`` or names one twice, leaves one out, names
             an unknown design issue, has a carried patch without ``why`` or
             without exactly one of ``issue``/``upstream``, lists a PR to
-            send now after one that waits, has a PR that both ``reports``
-            and waits, or a bug report that two PRs report or that a PR or
-            carried patch waits on; ``read_series`` errors. Each
+            send now after one that waits, or a bug report that two PRs
+            report or that a PR or carried patch waits on; ``read_series``
+            errors. Each
             message names the file.
     """
     chain = series.read_series(layout, base)
@@ -242,8 +243,6 @@ def _parse(doc: dict, known: dict[str, Path], issues) -> Submission:
                 issue(entry.get("reports")),
             )
         )
-        if "reports" in entry and "after" in entry:
-            problems.append(f"pr {seen[-1]}: a bug report's fix waits on none")
     for entry in doc.get("carried", []):
         seen.append(entry.get("patch", ""))
         if not entry.get("why"):

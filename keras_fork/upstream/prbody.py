@@ -318,12 +318,12 @@ def render_pr_body(
     summaries: dict[str, str] | None = None,
 ) -> str:
     """Markdown PR body in Keras's template: the description (problem,
-    change, issue line), the unit tests the patch adds, the proof cells of
-    its fix when a proof run exists (none: no integration test section,
-    and nothing about it in the cover letter), the disclosure of AI
-    assistance that Keras's contribution policy asks for, and the
+    change, issue line), the unit tests the patch adds, the disclosure of
+    AI assistance that Keras's contribution policy asks for, and the
     contributor agreement (boxes left for the person who submits, the
-    Google CLA among them).
+    Google CLA among them). The integration tests of its fix are not in
+    the body, where a reviewer could neither see nor run them
+    (``integration_notes``: beside it, for the submitter).
 
     Args:
         info: the patch.
@@ -342,5 +342,19 @@ def render_pr_body(
     lines += [f"- `{t}`" for t in tests] or ["- (this patch adds no unit test)"]
     lines.append("")
     lines += _master_lines(master, base)
-    lines += _proof_lines(info, base, cells, summaries)
     return "\n".join(lines) + "\n" + AI_ASSISTANCE + "\n" + AGREEMENT
+
+
+def integration_notes(
+    info: patchfile.PatchInfo,
+    base: Base,
+    cells: list[dict],
+    summaries: dict[str, str] | None = None,
+) -> str:
+    """The integration tests of the patch's fixes on ``base`` (its proof
+    cells, in a reviewer's words), for the person who sends the PR: what
+    to say when a reviewer asks how it was tested beyond its unit tests.
+    Empty without a proof run that covers the patch.
+    """
+    lines = _proof_lines(info, base, cells, summaries)
+    return "\n".join(lines) + "\n" if lines else ""

@@ -36,6 +36,9 @@ from keras_fork.recipe.pins import Layout
 from keras_fork.upstream import cut
 from keras_fork.upstream import prbody
 
+# The integration tests of each PR, for the person who sends it (the body
+# holds only what a reviewer can see and run).
+INTEGRATION_DIR = "integration"
 # Upstream reviewers get numbered patches, a cover letter and a diffstat.
 PR_FLAGS = (
     "--zero-commit",
@@ -199,8 +202,8 @@ def stage(layout: Layout, base: Base, tree: Path, into: Path) -> Path:
         infos += [patchfile.parse_patch(p) for p in repo_only]
         _finish(layout, base, files, infos, cells)
         if not base.sdist_tests:
-            _write_reports(into, sub)
             _write_waiting(layout, base, into, sub, cells)
+            _write_reports(into, sub)
             files[0].write_text(files[0].read_text() + _groups(sub))
     shutil.rmtree(into / ".cut", ignore_errors=True)
     return into
@@ -260,7 +263,22 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
                 info, base, cells, issue, checked.get(info.name), summaries
             )
         )
+        _write_integration(f, info, base, cells, summaries)
     cover.write_text(_cover(base, infos, patches, author, bool(cells), width))
+
+
+def _write_integration(patch: Path, info, base, cells, summaries) -> None:
+    """Writes the integration tests of ``patch``'s fixes, for the person
+    who sends it, as ``integration/<patch's name>.md`` in the folder of the
+    series (``prbody.integration_notes``); nothing without any."""
+    notes = prbody.integration_notes(info, base, cells, summaries)
+    if notes:
+        root = patch.parent
+        if root.name == "pending":
+            root = root.parent
+        folder = root / INTEGRATION_DIR
+        folder.mkdir(exist_ok=True)
+        (folder / patch.with_suffix(".md").name).write_text(notes)
 
 
 def set_author(text: str, author: str) -> str:
@@ -289,17 +307,23 @@ def set_author(text: str, author: str) -> str:
 
 
 def _write_reports(into: Path, sub) -> None:
-    """Opens the body of each PR to send now that fixes a bug report of
-    ``issues/`` by naming it: the report is opened with the PR, whose
-    ``Fixes`` line then names its number."""
+    """Opens the body of each PR that fixes a bug report of ``issues/`` by
+    naming it: the report is opened with the PR (at once, when the PR
+    waits on a design issue), and the PR's ``Fixes`` line then names its
+    number."""
     for issue in sub.bug_reports:
         pr = sub.fixed_by(issue)
-        (body,) = into.glob(f"{pr.number:04d}-*.md")
-        body.write_text(
+        folder = into / "pending" if pr.after else into
+        (body,) = folder.glob(f"{pr.number:04d}-*.md")
+        line = (
             f"**Fixes** the bug report {issue.label}: {issue.title} "
             f"(`issues/{issue.path.name}`). Open it with this PR and write "
-            "`Fixes #<its number>` under Description.\n\n" + body.read_text()
+            "`Fixes #<its number>` under Description.\n\n"
         )
+        text = body.read_text()
+        # After the pending PR's own first line, which names its wait.
+        at = text.index("\n\n") + 2 if pr.after else 0
+        body.write_text(text[:at] + line + text[at:])
 
 
 def _write_waiting(layout, base, into: Path, sub, cells) -> None:
@@ -332,12 +356,22 @@ def _write_waiting(layout, base, into: Path, sub, cells) -> None:
             summaries,
         )
         f.with_suffix(".md").write_text(waits + body)
+        _write_integration(f, info, base, cells, summaries)
     if sub.issues:
         (into / "issues").mkdir()
     for issue in sub.issues:
         # What waits on an issue is the cover letter's and submission.toml's
         # to say: the issue goes upstream as it is written.
         shutil.copyfile(issue.path, into / "issues" / issue.path.name)
+
+
+def _fixer(sub, issue) -> str:
+    """The number of the PR that fixes the bug report ``issue``, with the
+    design issue it waits on, if any."""
+    pr = sub.fixed_by(issue)
+    return (
+        f"{pr.number}, after {pr.after.label}" if pr.after else str(pr.number)
+    )
 
 
 def _waiters(sub, issue) -> list[str]:
@@ -358,9 +392,12 @@ def _groups(sub) -> str:
 
     lines = ["", "Send now, in this order:"]
     lines += [f"  {p.number:2d}. {subject(p.patch)}" for p in sub.send_now]
-    lines += ["", "Bug reports to open, each with the PR that fixes it (issues/):"]
     lines += [
-        f"  {i.label}: {i.title} (fixed by {sub.fixed_by(i).number})"
+        "",
+        "Bug reports to open, each with the PR that fixes it (issues/):",
+    ]
+    lines += [
+        f"  {i.label}: {i.title} (fixed by {_fixer(sub, i)})"
         for i in sub.bug_reports
     ] or ["  none"]
     lines += ["", "Design issues to open first (issues/):"]
@@ -441,7 +478,16 @@ def _cover(base, infos, patches, author, proven: bool, width: int) -> str:
             for i, link in zip(infos, links, strict=True)
         ],
         "",
-        *(["Integration test results: in each PR body", ""] if proven else []),
+        *(
+            [
+                f"Integration test results: {INTEGRATION_DIR}/, one file a "
+                "PR, for the person who sends it (not posted: a reviewer "
+                "can neither see nor run them)",
+                "",
+            ]
+            if proven
+            else []
+        ),
         f"{(author or 'author not set').split(' <')[0]} ({total}):",
         *[f"  {i.subject}" for i in infos],
         "",
