@@ -21,16 +21,24 @@ ALONE_END = "<!-- bench-alone:end -->"
 
 
 def run_doc(base, accelerator, rows, **kind):
-    """A run's document: base, date, machine, ``kind`` (rounds, A/A or
-    work) and its rows (``cases``)."""
+    """A run's document: base, the fork wheel's version it measured, date,
+    machine, ``kind`` (rounds, A/A or work) and its rows (``cases``)."""
     return {
         "base": base.version,
+        "wheel": getattr(base, "fork_version", None),
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"{accelerator.upper()}",
         **kind,
         "cases": rows,
     }
+
+
+def _measured(doc) -> str:
+    """What a run measured, for a table's header: the base, and the fork
+    wheel's version where the run recorded it."""
+    wheel = doc.get("wheel")
+    return f"{doc['base']} (fork wheel {wheel})" if wheel else doc["base"]
 
 
 def merge_alone(previous, doc, submission):
@@ -73,7 +81,7 @@ def render_alone_table(doc) -> str:
     )
     head = " | ".join(f"{c} ({t})" for c, t in cases)
     lines = [
-        f"_keras {doc['base']}, {doc['machine']}, {_date_range(doc)}; "
+        f"_keras {_measured(doc)}, {doc['machine']}, {_date_range(doc)}; "
         "collectives per step, master -> master with the PR alone._",
         "",
         f"| PR | {head} |",
@@ -137,8 +145,8 @@ def _collectives_text(stock, fork) -> str:
 def render_work_table(doc) -> str:
     """The docs/benchmarks.md table of a ``run_work`` document."""
     lines = [
-        f"_keras {doc['base']}, {doc['machine']}, {_date_range(doc)}; Python "
-        "calls per step (per call for stateless_call): the fewest of "
+        f"_keras {_measured(doc)}, {doc['machine']}, {_date_range(doc)}; "
+        "Python calls per step (per call for stateless_call): the fewest of "
         f"{suite.WORK_EPOCHS} epochs, fork - stock; compiled step: stock vs "
         "fork._",
         "",
@@ -209,7 +217,7 @@ def render_table(doc) -> str:
         )
         what = "stock/stock"
     lines = [
-        f"_keras {doc['base']}, {doc['machine']}, {date}, {doc['rounds']} "
+        f"_keras {_measured(doc)}, {doc['machine']}, {date}, {doc['rounds']} "
         f"rounds of {pair}; ratio: the median of the "
         f"paired {what} ratios [95% interval, rounds and pairs "
         "resampled] (the rounds' medians, min..max); single-device cases "
