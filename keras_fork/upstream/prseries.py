@@ -263,20 +263,19 @@ def _finish(layout, base, files: list[Path], infos, cells) -> None:
                 info, base, cells, issue, checked.get(info.name), summaries
             )
         )
-        _write_integration(f, info, base, cells, summaries)
+        _write_integration(cover.parent, f, info, base, cells, summaries)
     cover.write_text(_cover(base, infos, patches, author, bool(cells), width))
 
 
-def _write_integration(patch: Path, info, base, cells, summaries) -> None:
+def _write_integration(
+    series_dir: Path, patch: Path, info, base, cells, summaries
+) -> None:
     """Writes the integration tests of ``patch``'s fixes, for the person
-    who sends it, as ``integration/<patch's name>.md`` in the folder of the
-    series (``prbody.integration_notes``); nothing without any."""
+    who sends it, as ``integration/<patch's name>.md`` in ``series_dir``
+    (``prbody.integration_notes``); nothing without any."""
     notes = prbody.integration_notes(info, base, cells, summaries)
     if notes:
-        root = patch.parent
-        if root.name == "pending":
-            root = root.parent
-        folder = root / INTEGRATION_DIR
+        folder = series_dir / INTEGRATION_DIR
         folder.mkdir(exist_ok=True)
         (folder / patch.with_suffix(".md").name).write_text(notes)
 
@@ -356,7 +355,7 @@ def _write_waiting(layout, base, into: Path, sub, cells) -> None:
             summaries,
         )
         f.with_suffix(".md").write_text(waits + body)
-        _write_integration(f, info, base, cells, summaries)
+        _write_integration(into, f, info, base, cells, summaries)
     if sub.issues:
         (into / "issues").mkdir()
     for issue in sub.issues:
