@@ -18,7 +18,8 @@ which is said in one place, ``patches/<V>/submission.toml``:
     patch = "<file>.patch"
     why = "why it is not a PR"
     issue = "<slug>"            # the design issue it waits on, or
-    upstream = "keras-team/keras#N"   # the open upstream PR it duplicates
+    upstream = "keras-team/keras#N"   # the open upstream issue or PR it
+                                      # waits on
 
 ``patches/<V>/issues/NN-<slug>.md`` are the issues to open on
 keras-team/keras, numbered by ``NN``, each starting with a ``# <title>``
@@ -91,7 +92,8 @@ class PR:
 @dataclasses.dataclass(frozen=True)
 class Carried:
     """A patch the wheel carries that is not a PR: it waits on a design
-    issue (``issue``) or duplicates an open upstream PR (``upstream``)."""
+    issue (``issue``), or on an open upstream issue or PR (``upstream``:
+    one whose question is already asked there, or a PR it duplicates)."""
 
     patch: Path
     why: str
@@ -101,7 +103,7 @@ class Carried:
     @property
     def waits_on(self) -> str:
         """What it waits on, in words: ``issue NN (<title>)`` or the
-        upstream PR."""
+        upstream issue or PR."""
         if self.issue:
             return f"{self.issue.label} ({self.issue.title})"
         return self.upstream
