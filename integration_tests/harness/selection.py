@@ -119,6 +119,24 @@ def wanted_fixes() -> set[str] | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    """Keeps the tests of the fixes ``PROOF_FIX`` names (every fix without
+    it) and the equivalence suite's (marked ``equivalence``: they prove no
+    fix, and run only where their folder is named), and records each
+    fix test's properties.
+
+    Raises:
+        pytest.UsageError: a test with neither marker.
+    """
+    suite = [i for i in items if i.get_closest_marker("equivalence")]
+    if suite:
+        items[:] = [i for i in items if i not in suite]
+        _select_fix_tests(config, items)
+        items.extend(suite)
+        return
+    _select_fix_tests(config, items)
+
+
+def _select_fix_tests(config, items):
     unmarked = [i.nodeid for i in items if fix_of(i) is None]
     if unmarked:
         raise pytest.UsageError(
