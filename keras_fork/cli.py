@@ -55,6 +55,10 @@ VERBS = {
         "keras_fork.proof.verify",
         "the fix tests against the installed keras",
     ),
+    "equivalence": (
+        "keras_fork.proof.equivalence",
+        "each feature under each topology against one device",
+    ),
     "bisect": ("keras_fork.proof.bisect", "every series prefix builds, passes"),
     "fixes": ("keras_fork.proof.fixes", "the fix catalog and its cells"),
     "timings": ("keras_fork.proof.timings", "where a test run's time went"),
@@ -81,7 +85,15 @@ VERBS = {
 # The verbs that run Keras (its tests, the fixes' tests, the benchmarks):
 # checked for requirements/test.txt before they start.
 TEST_STACK_VERBS = frozenset(
-    {"prove", "bisect", "bench", "bench-matrix", "regressions", "pr-check"}
+    {
+        "prove",
+        "equivalence",
+        "bisect",
+        "bench",
+        "bench-matrix",
+        "regressions",
+        "pr-check",
+    }
 )
 
 

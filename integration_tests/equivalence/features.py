@@ -713,6 +713,19 @@ def _validation_freq(feed):
 def _jit_compile(feed):
     import keras
 
+    if keras.backend.backend() == "tensorflow" and not feed.multi_process:
+        with feed.scope():
+            import tensorflow as tf
+
+            strategy = tf.distribute.get_strategy()
+        devices = strategy.extended.worker_devices
+        if len(devices) > 1 and all("CPU" in d.upper() for d in devices):
+            raise NotApplicable(
+                "TensorFlow runs an XLA-compiled step on one device, which "
+                "cannot read the variables of the other CPU devices of one "
+                "process (stock: InvalidArgumentError); on GPUs it applies"
+            )
+
     return _fit(
         feed,
         _mlp,
