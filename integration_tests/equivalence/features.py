@@ -612,7 +612,8 @@ def _on_batch(feed):
         out.update({f"train/{k}": np.asarray(v) for k, v in logs.items()})
         logs = model.test_on_batch(fx[:batch], fy[:batch], return_dict=True)
         out.update({f"test/{k}": np.asarray(v) for k, v in logs.items()})
-        out["predict"] = np.asarray(model.predict_on_batch(fx[:batch]))
+        if not feed.local:
+            out["predict"] = np.asarray(model.predict_on_batch(fx[:batch]))
     out["weights"] = _flat(model)
     return out
 
@@ -781,10 +782,12 @@ def _checkpoint(feed):
         save_weights_only=True,
     )
     out, model = _callback_fit(feed, [callback])
+    # Every process loads the file (its variables may span the processes,
+    # so that assigning them is a step every process takes).
     _barrier(feed)
-    if feed.chief:
+    with feed.scope():
         model.load_weights(path)
-        out["file/weights"] = _flat(model)
+    out["file/weights"] = _flat(model)
     return out
 
 
