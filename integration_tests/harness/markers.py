@@ -52,8 +52,8 @@ CATEGORIES = (WRONG_BACKEND, TOO_FEW_DEVICES, NOT_APPLICABLE)
 # test checks.
 NOT_ON_BASE = "not applicable on this base"
 MARKERS = (
-    "equivalence: a test of the equivalence suite (integration_tests/"
-    "equivalence), which proves no fix: exempt from the fix marker",
+    "equivalence: a test of the equivalence suite (equivalence/ beside "
+    "harness/), which proves no fix: exempt from the fix marker",
     "fix(name, role=, guard_on=, guard_since=, absent_since=, "
     "absent_before=): the fix "
     "(fixes/<id>/fix.toml) a proof test proves (harness.selection)",

@@ -201,7 +201,12 @@ def add_arguments(p) -> None:
         choices=VARIANTS,
         help="stock or fork (repeatable; default: both)",
     )
-    p.add_argument("--backend", action="append", choices=BACKENDS)
+    p.add_argument(
+        "--backend",
+        action="append",
+        choices=BACKENDS,
+        help="a backend (repeatable; default: every backend)",
+    )
     p.add_argument(
         "--topology",
         action="append",
