@@ -351,17 +351,35 @@ def _policy(name):
     atol=ATOL_FLOAT16,
 )
 def _loss_scale(feed):
+    """Dynamic loss scaling with a step that overflows in one replica.
+
+    The second batch of each epoch holds one sample whose error, scaled,
+    overflows float16 in its own gradient (256 * 2 * 3000 / 8 > 65504,
+    where the float32 loss's gradient is cast to the float16 output):
+    that step is skipped and the scale halved on every layout, since the
+    overflow is in one sample, not in a sum over the batch. Every other
+    gradient stays under 1% of float16's range at the scale used. A scale
+    near the range decides no step alike: a replica sums fewer samples in
+    float16 than one device, so its partial sums overflow at a higher scale
+    (measured on JAX: a bias gradient of 31424 and 32512 in each of 2
+    processes, inf over the 8 samples at scale 16384), and a job can skip
+    one step fewer than one device."""
     import keras
 
-    # A scale of 2**15 overflows float16 in the first step (gradients of
-    # O(1) times 2**15 in a float16 matmul): the steps that skip and halve
-    # the scale are part of what must agree.
+    x, y = _regression_data()
+    y[GLOBAL_BATCH + GLOBAL_BATCH // 2 + 1] = 3000.0
     with _policy("mixed_float16"):
-        return _sgd_fit(
+        return _fit(
             feed,
-            lambda: keras.optimizers.LossScaleOptimizer(
-                keras.optimizers.SGD(0.1), initial_scale=2.0**15
+            _mlp,
+            lambda: dict(
+                optimizer=keras.optimizers.LossScaleOptimizer(
+                    keras.optimizers.SGD(0.1), initial_scale=256.0
+                ),
+                loss="mse",
+                metrics=["mae"],
             ),
+            data_=(x, y),
         )
 
 
