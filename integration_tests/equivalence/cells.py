@@ -229,8 +229,11 @@ def worker(rank: int, world_size: int) -> dict:
             workers.torch_process_group(rank, world_size, timeout=60)
         )
         distribution = devices.torch_processes(rank, world_size)
+        # Auto-sharding takes a PyDataset or tf.data only; the features
+        # feed arrays: each process its part of every global batch.
+        distribution.auto_shard_dataset = False
         feed = features.Feed(
-            distribution.scope, folder, rank, world_size, sharded=True
+            distribution.scope, folder, rank, world_size, local=True
         )
     else:
         raise ValueError(f"no multi-process set-up for topology {topology}")

@@ -737,7 +737,11 @@ def _jit_compile(feed):
             import tensorflow as tf
 
             strategy = tf.distribute.get_strategy()
-        devices = strategy.extended.worker_devices
+        # The default strategy (one device, the reference) has no
+        # worker_devices.
+        devices = ()
+        if isinstance(strategy, tf.distribute.MirroredStrategy):
+            devices = strategy.extended.worker_devices
         if len(devices) > 1 and all("CPU" in d.upper() for d in devices):
             raise NotApplicable(
                 "TensorFlow runs an XLA-compiled step on one device, which "
