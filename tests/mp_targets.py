@@ -66,3 +66,13 @@ def fail_behind_a_blocking_atexit(rank, world_size):
     if rank == 1:
         raise AssertionError("rank 1 checked its result and failed")
     threading.Event().wait()
+
+
+def return_on_rank_0_hang_rank_1(rank, world_size):
+    """Rank 0 returns at once; rank 1 never does (as a worker stuck in a
+    collective its peer left)."""
+    if rank == 1:
+        with open(os.environ["PID_DIR"] + "/1", "w") as f:
+            f.write(str(os.getpid()))
+        threading.Event().wait()
+    return rank

@@ -54,6 +54,24 @@ def test_hanging_workers_time_out_and_leave_no_orphans(tmp_path):
     assert not any(_alive(p) for p in pids)
 
 
+def test_a_worker_without_a_result_after_a_peer_returned_is_named(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(workers, "STRAGGLER_MIN_S", 1.0)
+    start = time.monotonic()
+    with pytest.raises(
+        workers.WorkerError, match=r"workers \[1\] .* no result"
+    ):
+        workers.run_workers(
+            "tests.mp_targets:return_on_rank_0_hang_rank_1",
+            world_size=2,
+            timeout=120,
+            env={"PID_DIR": str(tmp_path)},
+        )
+    assert time.monotonic() - start < 60  # did not wait for the timeout
+    assert not _alive(int((tmp_path / "1").read_text()))
+
+
 def test_free_port_is_on_loopback_and_bindable():
     import socket
 

@@ -26,8 +26,12 @@ keras's torch backend initializes CUDA, which a forked process cannot use).
 Failure handling follows the MultiProcessTestCase rules: the first worker
 that exits non-zero, or the deadline, ends the run; every worker's whole
 process group is killed; the error names the worker, its exit status and
-the tail of its log. Waits are bounded; there is no sleep-based
-synchronization (workers meet in their framework's own rendezvous).
+the tail of its log. A run also ends once some worker has returned its
+result and another has not returned its own after as long again as the
+first took (at least ``STRAGGLER_MIN_S``): it is stuck, typically in a
+collective that the returned worker will not join. Waits are bounded;
+there is no sleep-based synchronization (workers meet in their
+framework's own rendezvous).
 """
 
 from __future__ import annotations
@@ -315,17 +319,37 @@ def run_workers(
         ]
 
 
+# A worker that has returned its result waits for the others (JAX: in its
+# shutdown barrier). One that has not returned its own once the run is
+# twice as old as it was when the first result came back (and at least
+# STRAGGLER_MIN_S after it) is stuck, in the cases seen here in a
+# collective that a returned worker will not join: the run ends then
+# instead of at its timeout.
+STRAGGLER_MIN_S = 20.0
+
+
+def _straggler_deadline(first_result_age: float) -> float:
+    """Seconds after the first result before the workers that have not
+    returned one are stuck: the run's age at that result, at least
+    ``STRAGGLER_MIN_S``."""
+    return max(STRAGGLER_MIN_S, first_result_age)
+
+
 def _wait_all(procs, target: str, folder: Path, timeout: float) -> None:
     """Waits for every worker to exit 0, at most ``timeout`` seconds.
 
     Raises:
         WorkerError: the first worker that exits non-zero (named, with its
-            exit status and log tail), or the workers still running at the
+            exit status and log tail), the workers that have not returned
+            a result ``_straggler_deadline()`` after the first worker
+            returned its own, or the workers still running at the
             deadline.
     """
     world_size = len(procs)
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     pending = set(range(world_size))
+    first = first_at = None  # the first worker that returned, and when
     while pending:
         for rank in sorted(pending):
             try:
@@ -339,7 +363,28 @@ def _wait_all(procs, target: str, folder: Path, timeout: float) -> None:
                     f"with status {code}:\n"
                     f"{_tail(folder / f'worker-{rank}.log')}"
                 )
-        if pending and time.monotonic() > deadline:
+        now = time.monotonic()
+        stuck = [
+            r
+            for r in range(world_size)
+            if not (folder / f"result-{r}.json").exists()
+        ]
+        if first is None and len(stuck) < world_size:
+            first = min(set(range(world_size)) - set(stuck))
+            first_at = now
+        if (
+            stuck
+            and first is not None
+            and now - first_at > _straggler_deadline(first_at - start)
+        ):
+            raise WorkerError(
+                f"workers {stuck} of {target} returned no result "
+                f"{now - first_at:.0f}s after worker {first} returned its "
+                f"own, {first_at - start:.0f}s into the run; killed. Last "
+                f"log lines of worker {stuck[0]}:\n"
+                f"{_tail(folder / f'worker-{stuck[0]}.log')}"
+            )
+        if pending and now > deadline:
             raise WorkerError(
                 f"workers {sorted(pending)} of {target} still running "
                 f"after {timeout:.0f}s; killed. Last log lines of "

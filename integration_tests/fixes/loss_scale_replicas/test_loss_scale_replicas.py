@@ -142,9 +142,9 @@ def test_multiworker_overflow_on_one_worker_matches_one_device():
     1's. Unpatched, each worker decides on its own gradients, so worker 0
     applies the step (and all-reduces the gradients) where worker 1 skips
     it, and the job hangs in that collective until the timeout. The
-    workers need about 15 s on 2 CPU cores; 60 s bounds the run."""
+    workers need about 15 s on 2 CPU cores; 40 s bounds the run."""
     runs = workers.run_workers(
-        f"{__name__}:_multiworker_fits", world_size=2, timeout=60
+        f"{__name__}:_multiworker_fits", world_size=2, timeout=40
     )
     for rank, fits in enumerate(runs):
         for config, (result, expected) in fits.items():
