@@ -67,10 +67,6 @@ def test_a_local_feed_gives_each_process_its_part_of_each_global_batch():
     (part, none), batch = feed.batches(x, None)
     assert none is None and batch == features.GLOBAL_BATCH // 2
     assert part[:4].tolist() == [4, 5, 6, 7]
-    sharded = features.Feed(None, None, rank=1, world_size=2, sharded=True)
-    (whole,), batch = sharded.batches(x)
-    assert len(whole) == features.NUM_SAMPLES
-    assert batch == features.GLOBAL_BATCH // 2
 
 
 def _cell(variant, verdict, feature="optimizer/adam", detail=""):

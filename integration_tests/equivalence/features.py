@@ -65,11 +65,6 @@ class Feed:
         local: whether this process feeds its part of every global batch
             (a multi-process JAX job, ``data.local_part``) rather than the
             whole data in global batches.
-        sharded: whether this process feeds the whole data in batches of
-            ``GLOBAL_BATCH // world_size``, of which Keras gives each
-            process every ``world_size``-th (torch ``DataParallel`` over
-            processes auto-shards so): the processes' batches of one step
-            make up one global batch.
     """
 
     scope: object
@@ -77,7 +72,6 @@ class Feed:
     rank: int = 0
     world_size: int = 1
     local: bool = False
-    sharded: bool = False
 
     @property
     def multi_process(self) -> bool:
@@ -96,8 +90,6 @@ class Feed:
         process = (self.rank, self.world_size) if self.local else None
         present = [a for a in arrays if a is not None]
         parts, batch = data.process_batches(present, GLOBAL_BATCH, process)
-        if self.sharded:
-            batch = GLOBAL_BATCH // self.world_size
         parts = iter(parts)
         return tuple(None if a is None else next(parts) for a in arrays), batch
 

@@ -1,19 +1,17 @@
 """Proof of atomic-save: a save renames a complete file onto its path.
 
-In a multi-process job each process runs the user's script, so each calls
-``model.save(path)`` on the same shared path (as under
-``MultiWorkerMirroredStrategy``, where the save must run in every worker).
-Stock Keras opens the path for writing and writes the archive into it, so
-the processes write one file at once: about one run in three, a process
-then fails to load it (``BadZipFile``). The fork writes a file of its own
-beside the path and renames it onto the path once it is complete
-(``os.replace``). Proof: 2 processes train an epoch, save the model to one
-path, load it and train another epoch. A layer of the model checks the
-path in the middle of each save, while every process is inside its save
-(a barrier on each side of the check): there is no file yet, or a whole
-one. After the saves every process loads the model with one device's
-weights and trains on to one device's, and only the model file is left.
-"""
+In a multi-process job where every process runs the same script, each
+calls ``model.save(path)`` on the same shared path, then loads it. Stock
+Keras opens the path for writing and writes the archive into it, so a
+process can load a file another is still writing, or one that two wrote
+at once (``BadZipFile``). The fork writes a file of its own beside the
+path and renames it onto the path once it is complete (``os.replace``).
+Proof: 2 processes train an epoch, save the model to one path, load it
+and train another epoch. A layer of the model checks the path in the
+middle of each save, while every process is inside its save (a barrier
+on each side of the check): there is no file yet, or a whole one. After
+the saves every process loads the model with one device's weights and
+trains on to one device's, and only the model file is left."""
 
 import contextlib
 import os
