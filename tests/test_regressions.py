@@ -159,4 +159,9 @@ def test_the_real_declared_changes_load():
 
     changed = r.changed_tests(pins.Layout.default(), "3.7.0")
     assert any(t.endswith("::test_variable_aggregation") for t in changed)
-    assert r.changed_tests(pins.Layout.default(), "3.15.1") == {}
+    on_3151 = r.changed_tests(pins.Layout.default(), "3.15.1")
+    assert all(why.startswith("atomic-save: ") for why in on_3151.values())
+    assert any(
+        t.endswith("::test_save_model_exception_raised_low_memory_config")
+        for t in on_3151
+    )
