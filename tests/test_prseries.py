@@ -436,7 +436,7 @@ def _series_folder(upstream, *names):
 
 def test_submission_toml_splits_the_series_into_prs_and_carried(upstream):
     layout, base, folder = _series_folder(
-        upstream, "a.patch", "b.patch", "c.patch", "d.patch"
+        upstream, "a.patch", "b.patch", "c.patch", "d.patch", "e.patch"
     )
     # No submission.toml (a release base): every patch a PR, in order.
     sub = submission.read(layout, base)
@@ -445,6 +445,7 @@ def test_submission_toml_splits_the_series_into_prs_and_carried(upstream):
         "b.patch",
         "c.patch",
         "d.patch",
+        "e.patch",
     ]
     (folder / "issues").mkdir()
     (folder / "issues" / "01-the-question.md").write_text("# The question\n")
@@ -457,6 +458,8 @@ def test_submission_toml_splits_the_series_into_prs_and_carried(upstream):
         'issue = "the-question"\n'
         '[[carried]]\npatch = "d.patch"\nwhy = "duplicate"\n'
         'upstream = "keras-team/keras#1"\n'
+        '[[carried]]\npatch = "e.patch"\nwhy = "narrowed"\n'
+        'follows = "c.patch"\n'
     )
     sub = submission.read(layout, base)
     assert [(p.number, p.patch.name) for p in sub.prs] == [
@@ -473,6 +476,7 @@ def test_submission_toml_splits_the_series_into_prs_and_carried(upstream):
     assert [c.waits_on for c in sub.carried] == [
         "issue 01 (The question)",
         "keras-team/keras#1",
+        "PR 1 (c.patch) merged first",
     ]
 
 
@@ -486,6 +490,7 @@ def test_submission_toml_names_every_problem(upstream):
         '[[pr]]\npatch = "a.patch"\n'
         '[[carried]]\npatch = "c.patch"\nissue = "nowhere"\n'
         'upstream = "a PR"\n'
+        '[[carried]]\npatch = "b.patch"\nwhy = "w"\nfollows = "b.patch"\n'
     )
     with pytest.raises(ForkError) as e:
         submission.read(layout, base)
@@ -493,11 +498,11 @@ def test_submission_toml_names_every_problem(upstream):
         "submission.toml:",
         "no design issue issues/NN-nowhere.md",
         "carried c.patch: no why",
-        "carried c.patch: name one of issue, upstream",
+        "carried c.patch: name one of issue, upstream, follows",
+        "carried b.patch: follows b.patch, which is not a PR of the series",
         "carried c.patch: upstream is owner/repo#N",
         "not in .patches: x.patch",
         "listed twice: a.patch",
-        "left out: b.patch",
         "a PR to send now follows one that waits on an issue",
         "issue 01: reported by two PRs",
         "issue 01: a bug report that something waits on",

@@ -391,7 +391,7 @@ def carried_lines(layout: pins.Layout) -> str:
         for c in submission.read(layout, base).carried:
             info = patchfile.parse_patch(c.patch)
             fixes = ", ".join(f"`{f}`" for f in info.fixes)
-            waits = f"design {c.issue.label}" if c.issue else c.upstream
+            waits = f"design {c.issue.label}" if c.issue else c.waits_on
             lines.append(
                 f"- {base.version} ({fixes}): {info.subject}; waits on {waits}"
             )

@@ -19,7 +19,8 @@ which is said in one place, ``patches/<V>/submission.toml``:
     why = "why it is not a PR"
     issue = "<slug>"            # the design issue it waits on, or
     upstream = "keras-team/keras#N"   # the open upstream issue or PR it
-                                      # waits on
+                                      # waits on, or
+    follows = "<file>.patch"    # the PR it extends, to be merged first
 
 ``patches/<V>/issues/NN-<slug>.md`` are the issues to open on
 keras-team/keras, numbered by ``NN``, each starting with a ``# <title>``
@@ -92,20 +93,26 @@ class PR:
 @dataclasses.dataclass(frozen=True)
 class Carried:
     """A patch the wheel carries that is not a PR: it waits on a design
-    issue (``issue``), or on an open upstream issue or PR (``upstream``:
-    one whose question is already asked there, or a PR it duplicates)."""
+    issue (``issue``), on an open upstream issue or PR (``upstream``:
+    one whose question is already asked there, or a PR it duplicates), or
+    on a PR of the series that it extends (``follows``: a part left out of
+    that PR to keep its review narrow, offered once the PR is merged)."""
 
     patch: Path
     why: str
     issue: DesignIssue | None
     upstream: str
+    follows: PR | None = None
 
     @property
     def waits_on(self) -> str:
-        """What it waits on, in words: ``issue NN (<title>)`` or the
-        upstream issue or PR."""
+        """What it waits on, in words: ``issue NN (<title>)``, the
+        upstream issue or PR, or ``PR k (<patch file>) merged first``."""
         if self.issue:
             return f"{self.issue.label} ({self.issue.title})"
+        if self.follows:
+            name = self.follows.patch.name
+            return f"PR {self.follows.number} ({name}) merged first"
         return self.upstream
 
 
@@ -249,8 +256,21 @@ def _parse(doc: dict, known: dict[str, Path], issues) -> Submission:
         seen.append(entry.get("patch", ""))
         if not entry.get("why"):
             problems.append(f"carried {seen[-1]}: no why")
-        if ("issue" in entry) == ("upstream" in entry):
-            problems.append(f"carried {seen[-1]}: name one of issue, upstream")
+        kinds = [k for k in ("issue", "upstream", "follows") if k in entry]
+        if len(kinds) != 1:
+            problems.append(
+                f"carried {seen[-1]}: name one of issue, upstream, follows"
+            )
+        follows = None
+        if "follows" in entry:
+            follows = next(
+                (p for p in prs if p.patch.name == entry["follows"]), None
+            )
+            if follows is None:
+                problems.append(
+                    f"carried {seen[-1]}: follows {entry['follows']}, "
+                    "which is not a PR of the series"
+                )
         if "upstream" in entry and not _UPSTREAM_REF.match(entry["upstream"]):
             problems.append(f"carried {seen[-1]}: upstream is owner/repo#N")
         carried.append(
@@ -259,6 +279,7 @@ def _parse(doc: dict, known: dict[str, Path], issues) -> Submission:
                 entry.get("why", ""),
                 issue(entry.get("issue")),
                 entry.get("upstream", ""),
+                follows,
             )
         )
     problems += _coverage_problems(seen, known)
