@@ -350,7 +350,7 @@ def verdict_text(row: dict) -> str:
 def _print_table(rows: list[dict]) -> None:
     from rich.markup import escape
 
-    # Problems (fixes.PROBLEMS) in red, with the reason of the row.
+    # Problems (cells.PROBLEMS) in red, with the reason of the row.
     colors = {"proven": "green", "guard": "cyan", "n/a": "dim"}
     lines = []
     for r in rows:
