@@ -47,7 +47,10 @@ def _master_lines(row: dict | None, base: Base) -> list[str]:
     if row["source"] == "base":
         source = f"{base.package} {base.version}"
         where += f" (its test files, with the source of {source})"
-    outcome = "they fail without its change and pass with it"
+    outcome = (
+        "with its change every one passes; without it at least one fails "
+        "(one that passes either way guards behaviour the PR keeps)"
+    )
     lines = [
         "### This PR alone on Keras master",
         "",
