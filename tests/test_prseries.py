@@ -63,8 +63,8 @@ def test_a_pr_body_reports_its_pr_check_row(upstream):
     body = (out / "0001-Reverse-the-order.md").read_text()
     assert "### This PR alone on Keras master\n" in body
     assert (
-        "Keras at `master`, the tests this PR adds: they fail without its "
-        "change and pass with it." in body
+        "Keras at `master`, the tests this PR adds: with its change every "
+        "one passes; without it at least one fails" in body
     )
     assert "| torch | fail | pass |" in body and "| jax |" not in body
 

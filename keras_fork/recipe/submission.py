@@ -256,23 +256,7 @@ def _parse(doc: dict, known: dict[str, Path], issues) -> Submission:
         seen.append(entry.get("patch", ""))
         if not entry.get("why"):
             problems.append(f"carried {seen[-1]}: no why")
-        kinds = [k for k in ("issue", "upstream", "follows") if k in entry]
-        if len(kinds) != 1:
-            problems.append(
-                f"carried {seen[-1]}: name one of issue, upstream, follows"
-            )
-        follows = None
-        if "follows" in entry:
-            follows = next(
-                (p for p in prs if p.patch.name == entry["follows"]), None
-            )
-            if follows is None:
-                problems.append(
-                    f"carried {seen[-1]}: follows {entry['follows']}, "
-                    "which is not a PR of the series"
-                )
-        if "upstream" in entry and not _UPSTREAM_REF.match(entry["upstream"]):
-            problems.append(f"carried {seen[-1]}: upstream is owner/repo#N")
+        follows = _follows(entry, seen[-1], prs, problems)
         carried.append(
             Carried(
                 known.get(seen[-1], Path(seen[-1])),
@@ -296,6 +280,27 @@ def _parse(doc: dict, known: dict[str, Path], issues) -> Submission:
     if problems:
         raise ForkError("; ".join(problems))
     return Submission(tuple(prs), tuple(carried), issues)
+
+
+def _follows(entry: dict, name: str, prs: list, problems: list):
+    """The PR a ``[[carried]]`` entry follows, or None; appends to
+    ``problems`` an entry that names not exactly one of ``issue``,
+    ``upstream`` and ``follows``, a ``follows`` that is no PR of the
+    series, or an ``upstream`` that is not ``owner/repo#N``."""
+    kinds = [k for k in ("issue", "upstream", "follows") if k in entry]
+    if len(kinds) != 1:
+        problems.append(f"carried {name}: name one of issue, upstream, follows")
+    if "upstream" in entry and not _UPSTREAM_REF.match(entry["upstream"]):
+        problems.append(f"carried {name}: upstream is owner/repo#N")
+    if "follows" not in entry:
+        return None
+    follows = next((p for p in prs if p.patch.name == entry["follows"]), None)
+    if follows is None:
+        problems.append(
+            f"carried {name}: follows {entry['follows']}, "
+            "which is not a PR of the series"
+        )
+    return follows
 
 
 def _coverage_problems(seen: list[str], known: dict[str, Path]) -> list[str]:
