@@ -481,7 +481,9 @@ def test_submission_toml_splits_the_series_into_prs_and_carried(upstream):
 
 
 def test_submission_toml_names_every_problem(upstream):
-    layout, base, folder = _series_folder(upstream, "a.patch", "b.patch")
+    layout, base, folder = _series_folder(
+        upstream, "a.patch", "b.patch", "d.patch"
+    )
     (folder / "issues").mkdir()
     (folder / "issues" / "01-q.md").write_text("# Q\n")
     (folder / submission.SUBMISSION_FILE).write_text(
@@ -503,6 +505,7 @@ def test_submission_toml_names_every_problem(upstream):
         "carried c.patch: upstream is owner/repo#N",
         "not in .patches: x.patch",
         "listed twice: a.patch",
+        "left out: d.patch",
         "a PR to send now follows one that waits on an issue",
         "issue 01: reported by two PRs",
         "issue 01: a bug report that something waits on",
