@@ -110,3 +110,19 @@ def test_an_unknown_feature_is_refused():
 
     with pytest.raises(ForkError, match="unknown feature"):
         equivalence._wanted_features(["optimizer/nope"])
+
+
+def test_the_table_names_the_keras_it_measured_and_when():
+    stock = dict(_cell("stock", "equal"), keras="3.15.1", date="2026-12-01")
+    fork = dict(
+        _cell("fork", "equal"), keras="3.15.1+fork.27", date="2026-12-03"
+    )
+    text = equivalence.render([stock, fork])
+    assert "stock: 3.15.1 (1 cells), run 2026-12-01" in text
+    assert "fork: 3.15.1+fork.27 (1 cells), run 2026-12-03" in text
+
+
+def test_the_installed_version_is_read_from_the_dist_info(tmp_path):
+    assert equivalence.installed_version(tmp_path) == "?"
+    (tmp_path / "keras-3.15.1+fork.27.dist-info").mkdir()
+    assert equivalence.installed_version(tmp_path) == "3.15.1+fork.27"

@@ -11,7 +11,9 @@ and that topology's devices (the proof matrix's environment:
 others) and, with ``--docs``, rendered into ``docs/equivalence.md``.
 
 ``--json`` prints the merged cells: ``{"cells": [{base, variant,
-backend, topology, feature, verdict, detail, seconds}]}``.
+backend, topology, feature, verdict, detail, seconds, keras, date}]}``
+(``keras``: the version of the keras the cell ran on; ``date``: the day
+it ran).
 """
 
 from __future__ import annotations
@@ -99,8 +101,10 @@ def run_one(
                     seconds=0.0,
                 )
             )
+    version = installed_version(keras_dir)
+    today = time.strftime("%Y-%m-%d")
     for c in found:
-        c.update(base=base.version, variant=variant)
+        c.update(base=base.version, variant=variant, keras=version, date=today)
     print(
         f"{base.version} {variant} {backend}/{topology}: "
         + ", ".join(
@@ -111,6 +115,35 @@ def run_one(
         flush=True,
     )
     return found
+
+
+def installed_version(keras_dir: Path) -> str:
+    """The version of the keras installed in ``keras_dir``, from the name of
+    its ``.dist-info`` folder (``keras-3.15.1+fork.27.dist-info``,
+    ``keras_nightly-3.16.0.dev2026102704.dist-info``); ``"?"`` where there
+    is none."""
+    for info in sorted(Path(keras_dir).glob("keras*.dist-info")):
+        return info.name.removesuffix(".dist-info").split("-", 1)[1]
+    return "?"
+
+
+def _measured_line(cells: list[dict]) -> str:
+    """What a base's table measured: each variant's keras versions (with
+    their numbers of cells) and the dates of its runs."""
+    parts = []
+    for v in VARIANTS:
+        mine = [c for c in cells if c["variant"] == v]
+        if not mine:
+            continue
+        versions = sorted({c.get("keras", "?") for c in mine})
+        counted = ", ".join(
+            f"{ver} ({sum(c.get('keras', '?') == ver for c in mine)} cells)"
+            for ver in versions
+        )
+        dates = sorted({c.get("date", "?") for c in mine})
+        when = dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
+        parts.append(f"{v}: {counted}, run {when}")
+    return "_" + "; ".join(parts) + "; x86_64, 2 CPU cores._"
 
 
 def _wanted_features(names) -> list[str] | None:
@@ -156,7 +189,8 @@ def render(cells: list[dict]) -> str:
             )
         ]
         names = sorted({c["feature"] for c in cells if c["base"] == base})
-        lines += [f"### {base}", ""]
+        mine = [c for c in cells if c["base"] == base]
+        lines += [f"### {base}", "", _measured_line(mine), ""]
         lines.append(
             "| feature | " + " | ".join(f"{b}/{t}" for b, t in columns) + " |"
         )
