@@ -448,8 +448,6 @@ def test_the_gate_is_on_loopback_only():
     "argv, message",
     [
         (["--rounds", "0"], "--rounds must be at least 1"),
-        (["--aa", "--docs"], "does not go into docs/benchmarks.md"),
-        (["--aa", "--readme"], "does not go into docs/benchmarks.md"),
         (["--aa", "--work"], "no A/A run"),
         (["--alone"], "--alone counts collectives: it needs --work"),
         (["--work", "--pr", "3"], "--pr picks the PRs of --alone"),
@@ -507,6 +505,26 @@ def test_the_tables_go_into_docs_benchmarks_md(option, tmp_path, monkeypatch):
     assert (tmp_path / "dist" / "bench.json").is_file()
     assert (tmp_path / "dist" / "bench-work.json").is_file()
     assert not (tmp_path / "README.md").exists()
+
+
+def test_the_aa_table_goes_beside_the_timing_table(tmp_path, monkeypatch):
+    _fake_measurements(monkeypatch)
+    aa = dict(_doc([_row(MLP, "jax", "1", 1.0)]), aa=True)
+    monkeypatch.setattr(lockstep, "run", lambda *a: aa)
+    docs = tmp_path / "docs" / "benchmarks.md"
+    docs.parent.mkdir()
+    markers = (tables.DOCS_BEGIN, tables.DOCS_END)
+    markers += (tables.AA_BEGIN, tables.AA_END)
+    docs.write_text("{}\ntimed\n{}\nmid\n{}\nold\n{}\n".format(*markers))
+    argv = ["--root", str(tmp_path), "bench", "--docs", "--aa"]
+    assert cli.main([*argv, "--accelerator", "cpu"]) == 0
+    text = docs.read_text()
+    assert text.split(tables.DOCS_BEGIN)[1].split(tables.DOCS_END)[0] == (
+        "\ntimed\n"
+    )
+    noise = text.split(tables.AA_BEGIN)[1].split(tables.AA_END)[0]
+    assert "A/A run" in noise and "old" not in noise
+    assert (tmp_path / "dist" / "bench-aa.json").is_file()
 
 
 def test_without_docs_the_committed_tables_are_left_alone(

@@ -131,6 +131,7 @@ def test_the_master_pr_sizes_are_generated():
         ("proof.md", (prove.DOCS_BEGIN, prove.DOCS_END)),
         ("benchmarks.md", (tables.DOCS_BEGIN, tables.DOCS_END)),
         ("benchmarks.md", (tables.WORK_BEGIN, tables.WORK_END)),
+        ("benchmarks.md", (tables.AA_BEGIN, tables.AA_END)),
     ],
 )
 def test_docs_have_the_generated_table_markers(doc, markers):

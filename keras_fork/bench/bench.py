@@ -65,7 +65,7 @@ def add_arguments(p) -> None:
         "--aa",
         action="store_true",
         help="A/A: measure stock against itself (noise floor), into "
-        "dist/bench-aa.json",
+        f"dist/bench-aa.json (--docs: its own table of docs/{DOCS_FILE})",
     )
     p.add_argument(
         "--work",
@@ -98,10 +98,6 @@ def _selected_cases(args):
     """
     if args.rounds < 1:
         raise ForkError("--rounds must be at least 1")
-    if args.aa and args.docs:
-        raise ForkError(
-            f"--aa measures no fork: it does not go into docs/{DOCS_FILE}"
-        )
     if args.aa and args.work:
         raise ForkError("--work counts, stock and fork once each: no A/A run")
     if args.alone and not args.work:
@@ -198,7 +194,9 @@ def main(args, layout: pins.Layout) -> int:
         name = "bench-aa.json" if args.aa else "bench.json"
         render, markers = (
             tables.render_table,
-            (tables.DOCS_BEGIN, tables.DOCS_END),
+            (tables.AA_BEGIN, tables.AA_END)
+            if args.aa
+            else (tables.DOCS_BEGIN, tables.DOCS_END),
         )
     console = Console(stderr=True, highlight=False)
     accelerator, gpus = prove.resolve_accelerator(args.accelerator)

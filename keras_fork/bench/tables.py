@@ -13,6 +13,9 @@ from keras_fork.bench import suite
 
 DOCS_BEGIN = "<!-- bench-table:begin -->"
 DOCS_END = "<!-- bench-table:end -->"
+# The A/A run's table (``--aa``), beside the timing table.
+AA_BEGIN = "<!-- bench-aa:begin -->"
+AA_END = "<!-- bench-aa:end -->"
 WORK_BEGIN = "<!-- bench-work:begin -->"
 WORK_END = "<!-- bench-work:end -->"
 # docs/upstream.md's collectives per step of each master PR alone.

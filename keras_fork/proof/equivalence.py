@@ -62,7 +62,6 @@ def run_one(
     ``error`` cell for each wanted feature that wrote none: the process
     crashed or stalled, the log named)."""
     from integration_tests.equivalence import cells as cells_lib
-    from integration_tests.equivalence import features
 
     out.mkdir(parents=True, exist_ok=True)
     records = out / "cells"
@@ -87,24 +86,16 @@ def run_one(
     found = []
     for path in sorted(records.glob("*.json")) if records.is_dir() else ():
         found.append(json.loads(path.read_text()))
-    names = {c["feature"] for c in found}
-    for name in sorted(wanted or features.FEATURES):
-        if name not in names:
-            why = "stalled" if code is None else f"exit status {code}"
-            found.append(
-                dict(
-                    feature=name,
-                    backend=backend,
-                    topology=topology,
-                    verdict="error",
-                    detail=f"no result: the pytest process {why} ({log})",
-                    seconds=0.0,
-                )
-            )
-    version = installed_version(keras_dir)
-    today = time.strftime("%Y-%m-%d")
+    why = "stalled" if code is None else f"exit status {code}"
+    found += _missing(found, wanted, backend, topology, f"{why} ({log})")
+    ran = dict(
+        base=base.version,
+        variant=variant,
+        keras=installed_version(keras_dir),
+        date=time.strftime("%Y-%m-%d"),
+    )
     for c in found:
-        c.update(base=base.version, variant=variant, keras=version, date=today)
+        c.update(ran)
     print(
         f"{base.version} {variant} {backend}/{topology}: "
         + ", ".join(
@@ -115,6 +106,26 @@ def run_one(
         flush=True,
     )
     return found
+
+
+def _missing(found, wanted, backend, topology, why) -> list[dict]:
+    """An ``error`` cell for each feature of ``wanted`` (None: every
+    feature) that wrote none in ``found``: the pytest process ``why``."""
+    from integration_tests.equivalence import features
+
+    names = {c["feature"] for c in found}
+    return [
+        dict(
+            feature=name,
+            backend=backend,
+            topology=topology,
+            verdict="error",
+            detail=f"no result: the pytest process {why}",
+            seconds=0.0,
+        )
+        for name in sorted(wanted or features.FEATURES)
+        if name not in names
+    ]
 
 
 def installed_version(keras_dir: Path) -> str:
