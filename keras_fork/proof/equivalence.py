@@ -11,14 +11,16 @@ and that topology's devices (the proof matrix's environment:
 others) and, with ``--docs``, rendered into ``docs/equivalence.md``.
 
 ``--json`` prints the merged cells: ``{"cells": [{base, variant,
-backend, topology, feature, verdict, detail, seconds, keras, date}]}``
-(``keras``: the version of the keras the cell ran on; ``date``: the day
-it ran).
+backend, topology, feature, verdict, detail, seconds, keras, date,
+machine}]}`` (``keras``: the version of the keras the cell ran on;
+``date``: the day it ran; ``machine``: its architecture and CPU count).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import tempfile
 import time
 from pathlib import Path
@@ -93,6 +95,7 @@ def run_one(
         variant=variant,
         keras=installed_version(keras_dir),
         date=time.strftime("%Y-%m-%d"),
+        machine=f"{platform.machine()}, {os.cpu_count()} CPU cores",
     )
     for c in found:
         c.update(ran)
@@ -154,7 +157,8 @@ def _measured_line(cells: list[dict]) -> str:
         dates = sorted({c.get("date", "?") for c in mine})
         when = dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
         parts.append(f"{v}: {counted}, run {when}")
-    return "_" + "; ".join(parts) + "; x86_64, 2 CPU cores._"
+    machines = sorted({c.get("machine", "?") for c in cells})
+    return "_" + "; ".join(parts + machines) + "._"
 
 
 def _wanted_features(names) -> list[str] | None:
