@@ -1,6 +1,7 @@
 """The benchmark: its lockstep of live workers, its results documents, and
 its work counts on the fork."""
 
+import json
 import os
 import pathlib
 import select
@@ -739,3 +740,26 @@ def test_an_eager_step_shows_its_collectives_only():
     assert tables._graph_text({"stock_graph": None, "fork_graph": None}) == (
         "- (eager)"
     )
+
+
+def test_a_run_of_one_base_keeps_the_other_bases_runs(tmp_path):
+    out = tmp_path / "bench.json"
+    master = dict(_doc([_row(MLP, "jax", "1", 1.0)]), base="master")
+    old = _doc([_row(MLP, "jax", "1", 1.5)])
+    out.write_text(json.dumps({"runs": [old, master]}))
+    new = _doc([_row(MLP, "jax", "1", 1.1)])
+    runs = bench._with_other_bases(out, [new])
+    assert [(d["base"], d["cases"][0]["ratio"]) for d in runs] == [
+        ("3.15.1", 1.1),
+        ("master", 1.0),
+    ]
+
+
+def test_a_case_whose_worker_failed_is_listed_as_not_measured():
+    doc = dict(
+        _doc([_row(MLP, "jax", "1", 1.0)]),
+        failed=[dict(case=MLP, backend="jax", topology="8", error="exited -6")],
+    )
+    table = tables.render_table(doc)
+    assert "| fit step, small MLP | jax | 1 | 1000.000 ms |" in table
+    assert "| fit step, small MLP | jax | 8 | - | - | not measured: " in table

@@ -153,6 +153,16 @@ def _merge_last_run(out, docs):
     return [tables.merge(previous.get(d["base"]), d) for d in docs]
 
 
+def _with_other_bases(out, docs):
+    """``docs`` and the runs of ``out`` (the last run's file) of the bases
+    they do not measure: a run of some bases keeps the others' tables, in
+    the file's order, with the new bases after them."""
+    new = {d["base"]: d for d in docs}
+    previous = _last_runs(out)
+    every = [new.pop(b, d) for b, d in previous.items()]
+    return every + list(new.values())
+
+
 def _merge_last_alone(layout, out, docs):
     """``docs`` (``run_alone`` of some PRs) each merged (``merge_alone``)
     with the same base's run in ``out``, the last ``--alone`` file."""
@@ -208,6 +218,7 @@ def main(args, layout: pins.Layout) -> int:
         docs = _merge_last_alone(layout, out, docs)
     elif (args.case or args.backend or args.topology) and not args.alone:
         docs = _merge_last_run(out, docs)
+    docs = _with_other_bases(out, docs)
     write_atomic(out, json.dumps({"runs": docs}, indent=2) + "\n")
     table = "\n".join(render(d) for d in docs)
     print(table)

@@ -343,16 +343,17 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
     ``pinned_cpu`` and ``round_ratios`` (every ratio, by round: the data
     the statistics come from).
 
-    Raises:
-        ForkError: a worker failed (``LiveWorker``); every worker of the
-            round is killed first.
+    A case whose worker fails (``LiveWorker``: every worker of the round
+    is killed first) has no row; it is listed in the document's
+    ``failed`` (``{case, backend, topology, error}``: the error's first
+    line), and the other cases are measured.
     """
     dirs = dict(variants.install_variants(layout, base))
     if aa:
         dirs["fork"] = dirs["stock"]
     label = "stock/stock (A/A)" if aa else "fork/stock"
     overlay = variants.install_overlay(layout, base)
-    rows = []
+    rows, failed = [], []
     for case in cases:
         _, _, backend, topology, _ = case
         cpu = pinned_cpu(topology, accelerator)
@@ -361,7 +362,21 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
             v: variants.child_env(dirs[v], overlay, topo_env)
             for v in ("stock", "fork")
         }
-        row = _case_row(case, cpu, *_measure_case(case, rounds, envs, cpu))
+        try:
+            measured = _measure_case(case, rounds, envs, cpu)
+        except ForkError as e:
+            error = (str(e).splitlines() or ["?"])[0]
+            console.print(f"{case[0]} ({backend}/{topology}): failed: {error}")
+            failed.append(
+                dict(
+                    case=case[0],
+                    backend=backend,
+                    topology=topology,
+                    error=error,
+                )
+            )
+            continue
+        row = _case_row(case, cpu, *measured)
         console.print(
             f"{row['case']} ({backend}/{topology}): {label} "
             f"{row['ratio']:.3f} "
@@ -370,5 +385,11 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
         )
         rows.append(row)
     return tables.run_doc(
-        base, accelerator, rows, rounds=rounds, method=METHOD, aa=aa
+        base,
+        accelerator,
+        rows,
+        rounds=rounds,
+        method=METHOD,
+        aa=aa,
+        failed=failed,
     )

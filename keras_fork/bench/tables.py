@@ -239,4 +239,9 @@ def render_table(doc) -> str:
             f"({r['ratio_min']:.2f}..{r['ratio_max']:.2f}) | {r['pairs']} | "
             f"{r['stock_peak_mib']:.0f}/{r['fork_peak_mib']:.0f} |"
         )
+    for f in doc.get("failed", ()):
+        lines.append(
+            f"| {f['case']} | {f['backend']} | {f['topology']} | - | - | "
+            f"not measured: {f['error'].replace('|', '/')} | 0 | - |"
+        )
     return "\n".join(lines) + "\n"
