@@ -326,6 +326,28 @@ def _case_row(case, cpu, times, peaks, round_ratios):
     }
 
 
+def _row_or_failure(case, rounds, envs, cpu, console, label):
+    """``case``'s row (``_case_row``), printed; or, where a worker failed,
+    ``{case, backend, topology, error}`` (the error's first line)."""
+    _, _, backend, topology, _ = case
+    try:
+        measured = _measure_case(case, rounds, envs, cpu)
+    except ForkError as e:
+        error = (str(e).splitlines() or ["?"])[0]
+        console.print(f"{case[0]} ({backend}/{topology}): failed: {error}")
+        return dict(
+            case=case[0], backend=backend, topology=topology, error=error
+        )
+    row = _case_row(case, cpu, *measured)
+    console.print(
+        f"{row['case']} ({backend}/{topology}): {label} "
+        f"{row['ratio']:.3f} "
+        f"[{row['ratio_ci_low']:.3f}, {row['ratio_ci_high']:.3f}], "
+        f"rounds {row['ratio_min']:.3f}..{row['ratio_max']:.3f}"
+    )
+    return row
+
+
 def run(layout, base, rounds, accelerator, cases, console, aa=False):
     """Measures every case; returns the ``dist/bench.json`` document.
 
@@ -362,28 +384,11 @@ def run(layout, base, rounds, accelerator, cases, console, aa=False):
             v: variants.child_env(dirs[v], overlay, topo_env)
             for v in ("stock", "fork")
         }
-        try:
-            measured = _measure_case(case, rounds, envs, cpu)
-        except ForkError as e:
-            error = (str(e).splitlines() or ["?"])[0]
-            console.print(f"{case[0]} ({backend}/{topology}): failed: {error}")
-            failed.append(
-                dict(
-                    case=case[0],
-                    backend=backend,
-                    topology=topology,
-                    error=error,
-                )
-            )
-            continue
-        row = _case_row(case, cpu, *measured)
-        console.print(
-            f"{row['case']} ({backend}/{topology}): {label} "
-            f"{row['ratio']:.3f} "
-            f"[{row['ratio_ci_low']:.3f}, {row['ratio_ci_high']:.3f}], "
-            f"rounds {row['ratio_min']:.3f}..{row['ratio_max']:.3f}"
-        )
-        rows.append(row)
+        row = _row_or_failure(case, rounds, envs, cpu, console, label)
+        if "error" in row:
+            failed.append(row)
+        else:
+            rows.append(row)
     return tables.run_doc(
         base,
         accelerator,
