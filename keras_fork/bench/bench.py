@@ -146,27 +146,25 @@ def _last_runs(out) -> dict:
         return {}  # no usable last run: this one stands alone
 
 
-def _merge_last_run(out, docs):
+def _merge_last_run(previous, docs):
     """``docs`` each merged (``merge``) with the same base's run in
-    ``out``, the last run's file; ``docs`` alone where it has none."""
-    previous = _last_runs(out)
+    ``previous`` (``_last_runs``); ``docs`` alone where it has none."""
     return [tables.merge(previous.get(d["base"]), d) for d in docs]
 
 
-def _with_other_bases(out, docs):
-    """``docs`` and the runs of ``out`` (the last run's file) of the bases
+def _with_other_bases(previous, docs):
+    """``docs`` and the runs of ``previous`` (``_last_runs``) of the bases
     they do not measure: a run of some bases keeps the others' tables, in
-    the file's order, with the new bases after them."""
+    the last file's order, with the new bases after them."""
     new = {d["base"]: d for d in docs}
-    previous = _last_runs(out)
     every = [new.pop(b, d) for b, d in previous.items()]
     return every + list(new.values())
 
 
-def _merge_last_alone(layout, out, docs):
+def _merge_last_alone(layout, previous, docs):
     """``docs`` (``run_alone`` of some PRs) each merged (``merge_alone``)
-    with the same base's run in ``out``, the last ``--alone`` file."""
-    previous = _last_runs(out)
+    with the same base's run in ``previous`` (``_last_runs`` of the last
+    ``--alone`` file)."""
     merged = []
     for doc in docs:
         base = pins.select_bases(layout, [doc["base"]])[0]
@@ -214,11 +212,12 @@ def main(args, layout: pins.Layout) -> int:
         cases = suite.with_enough_gpus(cases, gpus, console)
     docs = _measure_bases(args, layout, accelerator, cases, console)
     out = layout.dist / name
+    previous = _last_runs(out)
     if args.alone and args.pr:
-        docs = _merge_last_alone(layout, out, docs)
+        docs = _merge_last_alone(layout, previous, docs)
     elif (args.case or args.backend or args.topology) and not args.alone:
-        docs = _merge_last_run(out, docs)
-    docs = _with_other_bases(out, docs)
+        docs = _merge_last_run(previous, docs)
+    docs = _with_other_bases(previous, docs)
     write_atomic(out, json.dumps({"runs": docs}, indent=2) + "\n")
     table = "\n".join(render(d) for d in docs)
     print(table)
