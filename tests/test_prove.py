@@ -347,7 +347,7 @@ def _in_thread(fn, *args, **kwargs):
 def test_concurrent_variant_installs_take_turns(tmp_path, monkeypatch):
     """Two xdist workers of the release checks installed the same variant
     at once on a clean checkout: the second deleted the folder the first
-    one's benchmark child was importing keras from (stop 35's CI failure).
+    one's benchmark child was importing keras from, and CI failed.
     A second install that starts while the first runs waits for it, then
     finds the stamp and installs nothing."""
     fake = _FakeInstall()
