@@ -763,3 +763,28 @@ def test_a_case_whose_worker_failed_is_listed_as_not_measured():
     table = tables.render_table(doc)
     assert "| fit step, small MLP | jax | 1 | 1000.000 ms |" in table
     assert "| fit step, small MLP | jax | 8 | - | - | not measured: " in table
+
+
+def test_a_run_of_one_base_keeps_the_other_bases_tables_of_the_page(tmp_path):
+    # A fresh checkout: dist/ has no run of the base this run skips, so
+    # its table comes from the page.
+    page = tmp_path / "benchmarks.md"
+    master = dict(_doc([_row(MLP, "jax", "1", 1.0)]), base="master")
+    old = _doc([_row(MLP, "jax", "1", 1.5)])
+    markers = (tables.DOCS_BEGIN, tables.DOCS_END)
+    page.write_text(
+        "head\n"
+        + markers[0]
+        + "\n"
+        + "\n".join(tables.render_table(d) for d in (old, master))
+        + markers[1]
+        + "\ntail\n"
+    )
+    on_page = bench._page_tables(page, markers)
+    assert list(on_page) == ["3.15.1", "master"]
+    new = _doc([_row(MLP, "jax", "1", 1.1)])
+    body = bench._page_body(on_page, [new], tables.render_table)
+    assert body == "\n".join(
+        [tables.render_table(new), tables.render_table(master)]
+    )
+    assert bench._page_tables(tmp_path / "none.md", markers) == {}

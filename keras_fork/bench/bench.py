@@ -16,6 +16,7 @@ table in docs/. The cases: ``suite``.
 from __future__ import annotations
 
 import json
+import re
 
 from integration_tests.harness import options as cell_options
 from keras_fork import options
@@ -161,6 +162,36 @@ def _with_other_bases(previous, docs):
     return every + list(new.values())
 
 
+def _page_tables(page, markers) -> dict:
+    """The tables between ``markers`` (begin, end) in ``page`` (a file of
+    docs/), by base: each runs from its header line ``_keras <base> ...``
+    to the next one. ``{}`` where the page or its block has none."""
+    try:
+        text = page.read_text()
+    except OSError:
+        return {}
+    block, found, _ = text.partition(markers[0])[2].partition(markers[1])
+    if not found:
+        return {}
+    found_tables = {}
+    for part in re.split(r"(?m)^(?=_keras \S)", block):
+        header = re.match(r"_keras ([^\s,]+)", part)
+        if header:
+            found_tables[header.group(1)] = part.rstrip("\n") + "\n"
+    return found_tables
+
+
+def _page_body(page_tables, docs, render) -> str:
+    """The text of a docs block: a table ``render``ed from each of ``docs``
+    in place of its base's table in ``page_tables`` (``_page_tables``),
+    the page's tables of the other bases kept as they are, in the page's
+    order, and new bases after them. A run of some bases thus keeps the
+    others' tables on a checkout whose dist/ has no run of them."""
+    rendered = {d["base"]: render(d) for d in docs}
+    kept = [rendered.pop(b, table) for b, table in page_tables.items()]
+    return "\n".join(kept + list(rendered.values()))
+
+
 def _merge_last_alone(layout, previous, docs):
     """``docs`` (``run_alone`` of some PRs) each merged (``merge_alone``)
     with the same base's run in ``previous`` (``_last_runs`` of the last
@@ -222,5 +253,7 @@ def main(args, layout: pins.Layout) -> int:
     table = "\n".join(render(d) for d in docs)
     print(table)
     if args.docs:
-        replace_between(layout.docs / docs_file, *markers, table)
+        page = layout.docs / docs_file
+        body = _page_body(_page_tables(page, markers), docs, render)
+        replace_between(page, *markers, body)
     return 0
