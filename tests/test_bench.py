@@ -783,8 +783,6 @@ def test_a_run_of_one_base_keeps_the_other_bases_tables_of_the_page(tmp_path):
     on_page = bench._page_tables(page, markers)
     assert list(on_page) == ["3.15.1", "master"]
     new = _doc([_row(MLP, "jax", "1", 1.1)])
-    body = bench._page_body(on_page, [new], tables.render_table)
-    assert body == "\n".join(
-        [tables.render_table(new), tables.render_table(master)]
-    )
+    body = bench._in_place(on_page, {"3.15.1": tables.render_table(new)})
+    assert body == [tables.render_table(new), tables.render_table(master)]
     assert bench._page_tables(tmp_path / "none.md", markers) == {}

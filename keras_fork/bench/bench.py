@@ -157,9 +157,16 @@ def _with_other_bases(previous, docs):
     """``docs`` and the runs of ``previous`` (``_last_runs``) of the bases
     they do not measure: a run of some bases keeps the others' tables, in
     the last file's order, with the new bases after them."""
-    new = {d["base"]: d for d in docs}
-    every = [new.pop(b, d) for b, d in previous.items()]
-    return every + list(new.values())
+    return _in_place(previous, {d["base"]: d for d in docs})
+
+
+def _in_place(old: dict, new: dict) -> list:
+    """The values of ``old`` (by base) in its order, each replaced by the
+    value of ``new`` for its base, then the values of ``new`` for the
+    bases ``old`` lacks."""
+    new = dict(new)
+    kept = [new.pop(base, value) for base, value in old.items()]
+    return kept + list(new.values())
 
 
 def _page_tables(page, markers) -> dict:
@@ -179,17 +186,6 @@ def _page_tables(page, markers) -> dict:
         if header:
             found_tables[header.group(1)] = part.rstrip("\n") + "\n"
     return found_tables
-
-
-def _page_body(page_tables, docs, render) -> str:
-    """The text of a docs block: a table ``render``ed from each of ``docs``
-    in place of its base's table in ``page_tables`` (``_page_tables``),
-    the page's tables of the other bases kept as they are, in the page's
-    order, and new bases after them. A run of some bases thus keeps the
-    others' tables on a checkout whose dist/ has no run of them."""
-    rendered = {d["base"]: render(d) for d in docs}
-    kept = [rendered.pop(b, table) for b, table in page_tables.items()]
-    return "\n".join(kept + list(rendered.values()))
 
 
 def _merge_last_alone(layout, previous, docs):
@@ -250,10 +246,13 @@ def main(args, layout: pins.Layout) -> int:
         docs = _merge_last_run(previous, docs)
     docs = _with_other_bases(previous, docs)
     write_atomic(out, json.dumps({"runs": docs}, indent=2) + "\n")
-    table = "\n".join(render(d) for d in docs)
-    print(table)
+    rendered = {d["base"]: render(d) for d in docs}
+    print("\n".join(rendered.values()))
     if args.docs:
+        # The page's tables of the bases neither this run nor the last
+        # one measured (a fresh checkout's dist/ has no run) stay.
         page = layout.docs / docs_file
-        body = _page_body(_page_tables(page, markers), docs, render)
+        tables_of_page = _page_tables(page, markers)
+        body = "\n".join(_in_place(tables_of_page, rendered))
         replace_between(page, *markers, body)
     return 0
